@@ -1,0 +1,20 @@
+"""Early-exit drafter: the target's first N layers plus an exit head propose the drafts (EESD).
+
+Drafting runs layers [0, N) of the target on one token at a time, writing the target's own KV cache
+for those layers, and the exit head turns the layer-N state into q. Verification then runs only
+layers [N, L) over the layer-N states already computed: the first N layers never run twice.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from eesd_core.hookspecs import hookimpl
+from eesd_early_exit.drafter import EarlyExitDrafter, EarlyExitOptions
+
+__all__ = ["EarlyExitDrafter", "EarlyExitOptions"]
+
+
+@hookimpl
+def eesd_register_drafters(register: Any) -> None:
+    register.add("early_exit", EarlyExitDrafter, options=EarlyExitOptions)

@@ -1,0 +1,103 @@
+"""Exit heads: what turns the target's layer-N hidden state into a draft distribution q.
+
+* :class:`UntrainedHead` (``head=None``): the target's own final norm and LM head on layer N.
+* :class:`ExitHead`: trained exit decoder layer(s) with their own KV cache, then a norm and an LM
+  head; the LM head is the target's (shared, frozen) unless the file restricts the draft to a
+  vocabulary subset, in which case q is zero outside the subset and stays exactly the distribution
+  drafts are sampled from.
+
+Head files are safetensors whose metadata names the target they were distilled from; the metadata
+is checked before any tensor is read (:mod:`eesd_early_exit.headfile`).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import nn
+
+from eesd_core.cache import KVCache
+from eesd_core.protocols import ModelAdapter
+
+
+class UntrainedHead(nn.Module):
+    """The target's final norm and LM head applied to layer N (LayerSkip-style, no training)."""
+
+    num_layers = 0
+
+    def __init__(self, adapter: ModelAdapter, exit_layer: int) -> None:
+        super().__init__()
+        self.adapter = adapter
+        self.exit_layer = exit_layer
+
+    def new_cache(self) -> KVCache:
+        return KVCache(0)
+
+    def hidden(self, h: torch.Tensor, position: int, cache: KVCache, rotary: Any) -> torch.Tensor:
+        return h
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        return self.adapter.logits(self.adapter.norm(h))  # [m, V]
+
+
+class ExitHead(nn.Module):
+    """Exit decoder layer(s) + norm + LM head over the target's layer-N hidden states."""
+
+    def __init__(
+        self,
+        adapter: ModelAdapter,
+        exit_layer: int,
+        num_layers: int = 1,
+        init_layer: int | None = None,
+        vocab_ids: torch.Tensor | None = None,
+    ) -> None:
+        super().__init__()
+        self.adapter = adapter
+        self.exit_layer = exit_layer
+        self.num_layers = num_layers
+        source = adapter.num_layers - 1 if init_layer is None else init_layer
+        backbone = adapter.model.model
+        self.layers = nn.ModuleList(_copy_layer(backbone.layers[source], i) for i in range(num_layers))
+        self.norm = copy.deepcopy(backbone.norm)
+        self.register_buffer("vocab_ids", vocab_ids, persistent=False)
+        weight = adapter.model.lm_head.weight
+        self.subset_head = None
+        if vocab_ids is not None:
+            self.subset_head = nn.Linear(weight.shape[1], len(vocab_ids), bias=False)
+            self.subset_head.weight.data.copy_(weight.data[vocab_ids])
+            self.subset_head.to(weight.dtype)
+
+    def new_cache(self) -> KVCache:
+        return KVCache(self.num_layers)
+
+    def hidden(self, h: torch.Tensor, position: int, cache: KVCache, rotary: Any) -> torch.Tensor:
+        """Run the exit layers over ``h`` ``[1, m, H]`` at positions from ``position``."""
+        if rotary is None:
+            rotary = self.adapter.rotary(h, position)
+        mask = self.adapter.mask(h.shape[1], position, None, h)
+        for layer in self.layers:
+            h = self.adapter.call_layer(layer, h, mask, rotary, cache)
+        return h
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Draft logits ``[m, V]``; -inf outside the vocabulary subset, if any."""
+        normed = self.norm(h)
+        if self.subset_head is None:
+            return self.adapter.logits(normed)
+        small = self.subset_head(normed)[0]  # [m, V_sub]
+        full = small.new_full((small.shape[0], self.adapter.vocab_size), float("-inf"))
+        full[:, self.vocab_ids] = small
+        return full
+
+    def trainable_state(self) -> dict[str, torch.Tensor]:
+        """The tensors a head file stores (the shared LM head is not among them)."""
+        return {k: v for k, v in self.state_dict().items() if not k.startswith("adapter.")}
+
+
+def _copy_layer(layer: nn.Module, index: int) -> nn.Module:
+    """A copy of a target decoder layer that writes to slot ``index`` of the exit cache."""
+    new = copy.deepcopy(layer)
+    new.self_attn.layer_idx = index
+    return new

@@ -1,0 +1,134 @@
+"""Exit-head files: safetensors with metadata that ties a head to the target it was distilled from.
+
+Metadata (all strings, as safetensors requires): ``format`` (``eesd-exit-head``), ``format_version``,
+``architecture`` (model_type), ``hidden_size``, ``vocab_size``, ``num_target_layers``,
+``fingerprint`` (of the target's weights), ``exit_layer``, ``num_exit_layers``, ``init_layer``,
+``vocab_subset`` (number of tokens, 0 for the full vocabulary) and ``training`` (JSON). Loading
+checks all of it against the target before any tensor is read; writing is atomic.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from eesd_core.errors import HeadError
+from eesd_core.protocols import ModelAdapter
+
+FORMAT = "eesd-exit-head"
+FORMAT_VERSION = 1
+
+
+def fingerprint(model: torch.nn.Module) -> str:
+    """A stable hash of a model's weights: names, shapes and a strided sample of values."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        flat = tensor.detach().reshape(-1)
+        sample = flat[:: max(1, flat.numel() // 4096)][:4096].to(torch.float32)
+        digest.update(f"{name}:{tuple(tensor.shape)}:".encode())
+        digest.update(sample.cpu().numpy().round(4).tobytes())
+    return digest.hexdigest()[:32]
+
+
+def describe_target(adapter: ModelAdapter) -> dict[str, str]:
+    config = adapter.model.config
+    return {
+        "architecture": str(config.model_type),
+        "hidden_size": str(adapter.hidden_size),
+        "vocab_size": str(adapter.vocab_size),
+        "num_target_layers": str(adapter.num_layers),
+        "fingerprint": fingerprint(adapter.model),
+    }
+
+
+def save_head(head: Any, adapter: ModelAdapter, path: str | Path, training: dict[str, Any] | None = None,
+              dtype: torch.dtype = torch.bfloat16) -> Path:
+    """Write ``head`` atomically: a temporary file in the same directory, then a rename."""
+    path = Path(path)
+    metadata = {
+        "format": FORMAT,
+        "format_version": str(FORMAT_VERSION),
+        **describe_target(adapter),
+        "exit_layer": str(head.exit_layer),
+        "num_exit_layers": str(head.num_layers),
+        "init_layer": str(getattr(head, "init_layer", -1)),
+        "vocab_subset": str(0 if head.vocab_ids is None else len(head.vocab_ids)),
+        "training": json.dumps(training or {}, sort_keys=True),
+    }
+    tensors = {k: v.detach().to(dtype).contiguous().cpu() for k, v in head.trainable_state().items()}
+    if head.vocab_ids is not None:
+        tensors["vocab_ids"] = head.vocab_ids.detach().to(torch.int64).cpu().contiguous()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        save_file(tensors, tmp, metadata=metadata)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def read_metadata(path: str | Path) -> dict[str, str]:
+    """The metadata of a head file, or a :class:`HeadError` saying why it is not one."""
+    path = Path(path)
+    if not path.is_file():
+        raise HeadError(f"Exit-head file {str(path)!r} does not exist. Check the path, or distil one with `eesd distill`.")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            metadata = f.metadata() or {}
+    except Exception as exc:
+        raise HeadError(
+            f"{str(path)!r} is not a readable safetensors file ({exc}); it may be truncated or "
+            "corrupted. Re-download or re-distil the head."
+        ) from None
+    if metadata.get("format") != FORMAT:
+        raise HeadError(f"{str(path)!r} is not an eesd exit-head file (metadata format={metadata.get('format')!r}).")
+    if metadata.get("format_version") != str(FORMAT_VERSION):
+        raise HeadError(
+            f"{str(path)!r} has head format version {metadata.get('format_version')}, this eesd reads "
+            f"{FORMAT_VERSION}. Upgrade eesd or re-distil the head."
+        )
+    return metadata
+
+
+def check_target(metadata: dict[str, str], adapter: ModelAdapter, path: str | Path) -> None:
+    """Refuse a head distilled from another model."""
+    expected = describe_target(adapter)
+    for key in ("architecture", "hidden_size", "vocab_size", "num_target_layers", "fingerprint"):
+        if metadata.get(key) != expected[key]:
+            raise HeadError(
+                f"Exit head {str(path)!r} was distilled for another model: its {key} is "
+                f"{metadata.get(key)!r}, the target's is {expected[key]!r}. Use the head made for "
+                "this checkpoint, or distil one with `eesd distill`."
+            )
+
+
+def load_head(path: str | Path, adapter: ModelAdapter) -> Any:
+    """Build an :class:`~eesd_early_exit.head.ExitHead` from a validated head file."""
+    from eesd_early_exit.head import ExitHead
+
+    metadata = read_metadata(path)
+    check_target(metadata, adapter, path)
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            tensors = {name: f.get_tensor(name) for name in f.keys()}
+        vocab_ids = tensors.pop("vocab_ids", None)
+        head = ExitHead(adapter, int(metadata["exit_layer"]), int(metadata["num_exit_layers"]),
+                        init_layer=None, vocab_ids=vocab_ids)
+        dtype = adapter.model.lm_head.weight.dtype
+        head.load_state_dict({k: v.to(dtype) for k, v in tensors.items()}, strict=True)
+    except HeadError:
+        raise
+    except Exception as exc:
+        raise HeadError(f"Exit head {str(path)!r} does not match its metadata: {exc}. Re-distil it.") from None
+    return head.to(adapter.device).eval()

@@ -1,0 +1,87 @@
+"""Validated configuration: the decoder's, the generation's, and each plug-in's options.
+
+Every model forbids unknown keys, so a typo is an error that names the key, never a silent default.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from eesd_core.errors import ConfigError, InputError
+
+MAX_DRAFT_TOKENS_LIMIT = 64
+
+
+class PluginOptions(BaseModel):
+    """Base of every plug-in's options model: frozen, unknown keys forbidden."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+
+
+class DecoderConfig(BaseModel):
+    """Which plug-ins a :class:`~eesd_core.engine.SpeculativeDecoder` uses, and the draft cap."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    drafter: str | None = "early_exit"
+    drafter_options: dict[str, Any] = Field(default_factory=dict)
+    controller: str = "thompson"
+    controller_options: dict[str, Any] = Field(default_factory=dict)
+    verifier: str = "lossless"
+    verifier_options: dict[str, Any] = Field(default_factory=dict)
+    max_draft_tokens: int = Field(8, ge=1, le=MAX_DRAFT_TOKENS_LIMIT)
+
+
+class GenerationConfig(BaseModel):
+    """Arguments of one ``generate``/``stream`` call."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_new_tokens: int = Field(128, gt=0)
+    temperature: float = Field(0.0, ge=0.0, allow_inf_nan=False)
+    top_k: int = Field(0, ge=0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    seed: int | None = None
+    eos_token_id: tuple[int, ...] = ()
+
+    @field_validator("eos_token_id", mode="before")
+    @classmethod
+    def _as_tuple(cls, value: Any) -> Any:
+        if value is None:
+            return ()
+        if isinstance(value, int) and not isinstance(value, bool):
+            return (value,)
+        return tuple(value) if isinstance(value, (list, tuple)) else value
+
+
+def explain(error: ValidationError, where: str) -> str:
+    """One readable line per problem, naming the offending key."""
+    lines = []
+    for problem in error.errors():
+        key = ".".join(str(part) for part in problem["loc"]) or "(value)"
+        if problem["type"] == "extra_forbidden":
+            lines.append(f"unknown option {key!r}")
+        else:
+            lines.append(f"{key}: {problem['msg']} (got {problem.get('input')!r})")
+    return f"Invalid {where}: " + "; ".join(lines) + "."
+
+
+def validate(model: type[BaseModel], values: Any, where: str, error: type[Exception] = ConfigError) -> Any:
+    """``model(**values)``, with validation failures turned into an EESDError subclass."""
+    if values is None:
+        values = {}
+    if isinstance(values, model):
+        return values
+    if not isinstance(values, dict):
+        raise error(f"Invalid {where}: expected a dict of options, got {type(values).__name__}.")
+    try:
+        return model(**values)
+    except ValidationError as exc:
+        fields = ", ".join(sorted(model.model_fields)) or "none"
+        raise error(f"{explain(exc, where)} Valid options: {fields}.") from None
+
+
+def generation_config(**values: Any) -> GenerationConfig:
+    return validate(GenerationConfig, values, "generation arguments", InputError)

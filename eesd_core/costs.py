@@ -1,0 +1,64 @@
+"""Measured costs of draft steps and verification passes, for controllers that weigh time.
+
+Hardware costs outlive a request, so one tracker lives as long as its decoder. Each cost is an
+exponential moving average per k (proposals) or per m = k + 1 (verification); what was never
+measured is interpolated by a least-squares line over what was.
+"""
+
+from __future__ import annotations
+
+from eesd_core.protocols import Costs
+
+
+def _line(points: list[tuple[int, float]]) -> tuple[float, float] | None:
+    """(intercept, slope) of the least-squares line; a flat line through one point."""
+    if not points:
+        return None
+    if len(points) == 1:
+        return points[0][1], 0.0
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    slope = sum((x - mx) * (y - my) for x, y in points) / sxx
+    return my - slope * mx, max(slope, 0.0)
+
+
+class CostTracker:
+    """Smoothed proposal time by k and verification time by m."""
+
+    def __init__(self, max_k: int, smoothing: float = 0.2) -> None:
+        self.smoothing = smoothing
+        self.propose: list[float | None] = [None] * (max_k + 1)
+        self.verify: list[float | None] = [None] * (max_k + 2)
+        self._snapshot: Costs | None = None
+
+    def observe(self, k: int, propose_time: float, verify_time: float) -> None:
+        self.propose[k] = self._smooth(self.propose[k], propose_time)
+        self.verify[k + 1] = self._smooth(self.verify[k + 1], verify_time)
+        self._snapshot = None
+
+    def _smooth(self, old: float | None, new: float) -> float:
+        return new if old is None else old + self.smoothing * (new - old)
+
+    def snapshot(self) -> Costs:
+        """The current :class:`Costs`, rebuilt only after new observations."""
+        if self._snapshot is None:
+            self._snapshot = self._build()
+        return self._snapshot
+
+    def _build(self) -> Costs:
+        proposals = [(k, t) for k, t in enumerate(self.propose) if t is not None]
+        line = _line(proposals)
+        draft_step = line[1] if line and any(k for k, _ in proposals) else None
+        base = self.propose[0] if self.propose[0] is not None else (line[0] if line else None)
+        verifies = [(m, t) for m, t in enumerate(self.verify) if t is not None]
+        vline = _line(verifies)
+        measured = list(self.verify)
+
+        def verify(m: int) -> float | None:
+            if 0 <= m < len(measured) and measured[m] is not None:
+                return measured[m]
+            return None if vline is None else max(vline[0] + vline[1] * m, 0.0)
+
+        return Costs(draft_step=draft_step, propose_base=base, verify=verify)

@@ -1,0 +1,192 @@
+"""Plug-in loading and the named registries of drafters, controllers, verifiers and adapters.
+
+Plug-ins come from the ``eesd`` entry-point group, built-ins included. Two environment variables
+filter them by entry-point name: ``EESD_LOAD_PLUGINS`` (comma-separated allow-list) and
+``EESD_DISABLE_PLUGINS`` (block-list). Each registration hook is called once per plug-in with a
+registrar that knows which plug-in is registering, so a clash names both culprits.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as metadata
+import os
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import pluggy
+from pydantic import BaseModel
+
+from eesd_core import hookspecs
+from eesd_core.errors import PluginError, PluginLoadError, UnknownPluginError
+
+GROUP = "eesd"
+KINDS = {
+    "drafter": "eesd_register_drafters",
+    "controller": "eesd_register_controllers",
+    "verifier": "eesd_register_verifiers",
+    "model_adapter": "eesd_register_model_adapters",
+}
+_NAME = re.compile(r"^[a-z][a-z0-9_\-.]*$")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One registered component: its name, factory, options model and where it came from."""
+
+    kind: str
+    name: str
+    factory: Any
+    options: type[BaseModel] | None
+    plugin: str
+
+
+@dataclass(frozen=True)
+class PluginInfo:
+    """A loaded plug-in: entry-point name, distribution and version, implemented hooks."""
+
+    name: str
+    distribution: str | None
+    version: str | None
+    hooks: tuple[str, ...]
+
+
+class Registry:
+    """The components of one kind, by name."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._entries: dict[str, Entry] = {}
+
+    def entries(self) -> list[Entry]:
+        return list(self._entries.values())
+
+    def names(self) -> list[str]:
+        return sorted(self._entries)
+
+    def get(self, name: str) -> Entry:
+        try:
+            return self._entries[name]
+        except KeyError:
+            raise UnknownPluginError(
+                f"No {self.kind} named {name!r}. Registered {self.kind}s: "
+                f"{', '.join(self.names()) or 'none'}. Check the spelling, or install the plug-in "
+                "that provides it (`eesd plugins` lists what is loaded)."
+            ) from None
+
+    def _add(self, entry: Entry) -> None:
+        if entry.name in self._entries:
+            first = self._entries[entry.name].plugin
+            raise PluginError(
+                f"{self.kind} name {entry.name!r} is registered by both plug-in {first!r} and "
+                f"plug-in {entry.plugin!r}. Uninstall or disable one of them "
+                "(EESD_DISABLE_PLUGINS=name)."
+            )
+        self._entries[entry.name] = entry
+
+
+class Registrar:
+    """What a registration hook receives: ``register.add(name, factory, options=...)``."""
+
+    def __init__(self, registry: Registry, plugin: str) -> None:
+        self._registry = registry
+        self.plugin = plugin
+
+    def add(self, name: str, factory: Callable[..., Any], options: type[BaseModel] | None = None) -> None:
+        where = f"plug-in {self.plugin!r} registering {self._registry.kind} {name!r}"
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise PluginError(
+                f"{where}: names are lowercase identifiers like 'my_controller', got {name!r}."
+            )
+        if not callable(factory):
+            raise PluginError(f"{where}: the factory must be callable, got {factory!r}.")
+        if options is not None and not (isinstance(options, type) and issubclass(options, BaseModel)):
+            raise PluginError(f"{where}: options must be a pydantic model class, got {options!r}.")
+        self._registry._add(Entry(self._registry.kind, name, factory, options, self.plugin))
+
+
+def _selected(name: str) -> bool:
+    allow = [n.strip() for n in os.environ.get("EESD_LOAD_PLUGINS", "").split(",") if n.strip()]
+    block = [n.strip() for n in os.environ.get("EESD_DISABLE_PLUGINS", "").split(",") if n.strip()]
+    return (not allow or name in allow) and name not in block
+
+
+class Manager:
+    """A pluggy plugin manager for project ``eesd`` plus the registries its plug-ins fill."""
+
+    def __init__(self) -> None:
+        self.pm = pluggy.PluginManager("eesd")
+        self.pm.add_hookspecs(hookspecs)
+        self.info: dict[str, PluginInfo] = {}
+        self._registries: dict[str, Registry] | None = None
+
+    def load_entry_points(self, entry_points: Iterable[metadata.EntryPoint] | None = None) -> None:
+        """Import and register every selected entry point of the ``eesd`` group."""
+        found = metadata.entry_points(group=GROUP) if entry_points is None else entry_points
+        for ep in sorted(found, key=lambda e: e.name):
+            if not _selected(ep.name) or self.pm.has_plugin(ep.name):
+                continue
+            dist = getattr(ep, "dist", None)
+            dist_name = dist.metadata["Name"] if dist is not None else None
+            version = dist.version if dist is not None else None
+            try:
+                plugin = ep.load()
+                self.register(plugin, ep.name, dist_name, version)
+            except PluginError:
+                raise
+            except Exception as exc:
+                raise PluginLoadError(
+                    f"Could not load eesd plug-in {ep.name!r} ({ep.value}) from distribution "
+                    f"{dist_name or 'unknown'} {version or ''}: {type(exc).__name__}: {exc}. "
+                    f"Reinstall or upgrade that distribution, or skip it with "
+                    f"EESD_DISABLE_PLUGINS={ep.name}."
+                ) from exc
+        self.pm.check_pending()
+
+    def register(
+        self, plugin: Any, name: str, distribution: str | None = None, version: str | None = None
+    ) -> None:
+        """Register a plug-in object by hand (tests, in-process plug-ins)."""
+        try:
+            self.pm.register(plugin, name=name)
+        except (ValueError, pluggy.PluginValidationError) as exc:
+            raise PluginLoadError(f"Plug-in {name!r} is malformed: {exc}") from exc
+        hooks = tuple(sorted(h.name for h in self.pm.get_hookcallers(plugin) or ()))
+        self.info[name] = PluginInfo(name, distribution, version, hooks)
+        self._registries = None
+
+    def registry(self, kind: str) -> Registry:
+        if self._registries is None:
+            self._registries = self._collect()
+        return self._registries[kind]
+
+    def _collect(self) -> dict[str, Registry]:
+        registries = {kind: Registry(kind) for kind in KINDS}
+        for kind, hook_name in KINDS.items():
+            caller = getattr(self.pm.hook, hook_name)
+            for impl in reversed(caller.get_hookimpls()):
+                impl.function(register=Registrar(registries[kind], impl.plugin_name))
+        return registries
+
+    def has_observers(self, hook_name: str) -> bool:
+        return bool(getattr(self.pm.hook, hook_name).get_hookimpls())
+
+
+_manager: Manager | None = None
+
+
+def get_manager() -> Manager:
+    """The process-wide manager, loaded from entry points on first use."""
+    global _manager
+    if _manager is None:
+        manager = Manager()
+        manager.load_entry_points()
+        _manager = manager
+    return _manager
+
+
+def reset_manager(manager: Manager | None = None) -> None:
+    """Forget the loaded plug-ins (or install ``manager``): the next use loads them anew."""
+    global _manager
+    _manager = manager

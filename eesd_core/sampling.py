@@ -1,0 +1,114 @@
+"""Pure probability helpers: logits to the distributions p and q.
+
+Notation, used everywhere in eesd:
+
+* **p**: the target model's next-token distribution;
+* **q**: the draft distribution the drafter actually sampled from;
+* **k**: number of drafts in a round; **n**: number of them accepted;
+* **N**: exit layer (the drafter runs the target's layers [0, N)); **L**: number of layers.
+
+(gpt-fast names them the other way round; we do not.)
+
+p and q go through the same processing (temperature, then top-k, then top-p, as transformers'
+``generate()`` orders its warpers) in float32 or wider, so the verifier compares like with like.
+Temperature 0 is greedy decoding: the distribution puts all mass on the first maximum, which makes
+rejection sampling an exact-match test that draws no randomness.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from eesd_core.errors import NumericalError
+from eesd_core.protocols import SamplingParams
+
+
+def check_finite(logits: torch.Tensor, what: str) -> None:
+    """Refuse NaN (and +inf) logits: sampling from them would be silently wrong."""
+    if torch.isnan(logits).any() or torch.isposinf(logits).any():
+        raise NumericalError(
+            f"{what} logits contain NaN or +inf. The model produced invalid values: check its "
+            "weights and dtype (float16 overflows easily; try float32 or bfloat16)."
+        )
+
+
+def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Distribution over the vocabulary for each row of ``logits``. # [m, V] -> [m, V]"""
+    logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+    if params.greedy:
+        return one_hot_argmax(logits)
+    scores = logits / params.temperature
+    if params.top_k and params.top_k < scores.shape[-1]:
+        scores = _keep_top_k(scores, params.top_k)
+    if params.top_p < 1.0:
+        scores = _keep_top_p(scores, params.top_p)
+    probs = torch.softmax(scores, dim=-1)
+    if torch.isnan(probs).any():
+        raise NumericalError("every logit is -inf in a row: there is no token to sample.")
+    return probs
+
+
+def one_hot_argmax(logits: torch.Tensor) -> torch.Tensor:
+    """All mass on the first maximum of each row, as ``torch.argmax`` picks it. # [m, V]"""
+    out = torch.zeros_like(logits)
+    out.scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
+    return out
+
+
+def _keep_top_k(scores: torch.Tensor, k: int) -> torch.Tensor:
+    kth = torch.topk(scores, k, dim=-1).values[..., -1:]
+    return scores.masked_fill(scores < kth, -math.inf)
+
+
+def _keep_top_p(scores: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Nucleus filter: drop the least likely tokens whose total mass is at most 1 - top_p."""
+    sorted_scores, order = torch.sort(scores, descending=False, dim=-1)
+    cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+    drop_sorted = cumulative <= (1 - top_p)
+    drop_sorted[..., -1:] = False
+    drop = drop_sorted.scatter(-1, order, drop_sorted)
+    return scores.masked_fill(drop, -math.inf)
+
+
+def confidence(probs: torch.Tensor, token: int) -> tuple[float, float, float]:
+    """(q of ``token``, top-1 probability, entropy in nats) of one distribution. # [V]"""
+    positive = probs[probs > 0]
+    entropy = float(-(positive * positive.log()).sum())
+    return float(probs[token]), float(probs.max()), entropy
+
+
+def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """norm(max(0, p - q)): where to sample after a rejection. # [V], [V] -> [V]"""
+    diff = (p - q).clamp_min(0)
+    total = diff.sum()
+    if total <= 0:
+        return p
+    return diff / total
+
+
+class TorchRandom:
+    """The default :class:`~eesd_core.protocols.RandomSource`, seeded through a torch Generator."""
+
+    def __init__(self, seed: int | None = None, device: str | torch.device = "cpu") -> None:
+        self.generator = torch.Generator(device=device)
+        if seed is None:
+            self.generator.seed()
+        else:
+            self.generator.manual_seed(seed)
+
+    def uniform(self) -> float:
+        return float(torch.rand((), generator=self.generator, device=self.generator.device))
+
+    def bernoulli(self, prob: float) -> bool:
+        if prob >= 1.0:
+            return True
+        if prob <= 0.0:
+            return False
+        return self.uniform() < prob
+
+    def categorical(self, probs: torch.Tensor) -> int:
+        if probs.dtype in (torch.float16, torch.bfloat16):
+            probs = probs.float()
+        return int(torch.multinomial(probs, 1, generator=self.generator))

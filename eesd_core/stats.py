@@ -1,0 +1,74 @@
+"""What a generation reports: per-round records and the totals of a call."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class RoundStats:
+    """One round: at ``position`` k drafts were made, n accepted, ``tokens`` committed."""
+
+    position: int
+    drafted: int
+    accepted: int
+    tokens: tuple[int, ...]
+    draft_time: float
+    verify_time: float
+    probs: tuple[float, ...] = ()
+    top1: tuple[float, ...] = ()
+    entropies: tuple[float, ...] = ()
+
+
+@dataclass
+class GenerationStats:
+    """Totals of one ``generate``/``stream`` call; times in seconds."""
+
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    drafted_by_position: list[int] = field(default_factory=list)
+    accepted_by_position: list[int] = field(default_factory=list)
+    prefill_time: float = 0.0
+    draft_time: float = 0.0
+    verify_time: float = 0.0
+    total_time: float = 0.0
+    stopped_by: str = ""
+
+    def add_round(self, round_: RoundStats) -> None:
+        self.rounds += 1
+        self.drafted += round_.drafted
+        self.accepted += round_.accepted
+        self.draft_time += round_.draft_time
+        self.verify_time += round_.verify_time
+        while len(self.drafted_by_position) < round_.drafted:
+            self.drafted_by_position.append(0)
+            self.accepted_by_position.append(0)
+        for i in range(round_.drafted):
+            self.drafted_by_position[i] += 1
+            self.accepted_by_position[i] += int(i < round_.accepted)
+
+    @property
+    def mean_accepted_tokens(self) -> float:
+        """Tokens committed per target forward pass (1.0 for plain decoding)."""
+        return self.new_tokens / self.rounds if self.rounds else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.total_time if self.total_time > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.update(
+            mean_accepted_tokens=self.mean_accepted_tokens,
+            acceptance_rate=self.acceptance_rate,
+            tokens_per_second=self.tokens_per_second,
+        )
+        return out
