@@ -97,6 +97,7 @@ class SpeculativeDecoder:
         self.guard = Guarded(self.adapter.vocab_size, cfg.drafter, cfg.controller, cfg.verifier)
         self.costs = CostTracker(cfg.max_draft_tokens)
         self.last_stats: GenerationStats | None = None
+        self.state: _Generation | None = None
         self._observe = self.manager.has_observers("eesd_round_end")
 
     @classmethod
@@ -208,7 +209,7 @@ class SpeculativeDecoder:
             rng=TorchRandom(config.seed),
             stats=GenerationStats(prompt_tokens=len(prompt)),
         )
-        self.last_stats = g.stats
+        self.last_stats, self.state = g.stats, g
         request = Request(len(prompt), config.max_new_tokens, self.config.max_draft_tokens, sampling, self.costs.snapshot())
         with torch.inference_mode():
             self._prefill(g)
