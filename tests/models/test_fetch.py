@@ -233,7 +233,9 @@ def test_concurrent_fetches_share_one_build(cache: Path, pipeline: FakePipeline)
     pipeline.convert_delay = 0.3
     results: list[Path] = []
     threads = [
-        threading.Thread(target=lambda: results.append(fetch.fetch_model(FAKE, cache, progress=False)))
+        threading.Thread(
+            target=lambda: results.append(fetch.fetch_model(FAKE, cache, progress=False))
+        )
         for _ in range(2)
     ]
     for thread in threads:
@@ -397,7 +399,6 @@ def _tiny_llama_and_tokenizer():
     return model, tokenizer
 
 
-@pytest.mark.slow
 def test_plain_copy_saves_a_checkpoint_that_passes_the_check(tmp_path: Path) -> None:
     import torch
     from safetensors.torch import load_file, save_file
