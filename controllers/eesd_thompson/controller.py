@@ -1,0 +1,113 @@
+"""The Thompson-sampling controller (``controller="thompson"``): Beta-TS and Calibration-TS.
+
+Each round it draws theta from the posterior over "a draft is accepted", then either flips
+chi ~ Bernoulli(theta) before every draft (the paper's rule) or, by default, weighs the expected
+tokens against the measured cost of drafting and verifying (:mod:`eesd_thompson.rule`), so that a
+drafter that is rarely right ends up decoding plainly and is only probed when a posterior draw
+says drafting might pay. Calibration-TS replaces theta for the drafts already made by the
+posterior of their confidence bucket.
+"""
+
+from __future__ import annotations
+
+import random
+
+from eesd_core.protocols import Costs, DraftStep, Request, RoundOutcome
+from eesd_thompson.options import ThompsonOptions
+from eesd_thompson.posterior import Beta, Buckets
+from eesd_thompson.rule import best_rate, draft_on
+
+
+class ThompsonController:
+    """Thompson sampling over the acceptance probability, stopping by cost or by a Bernoulli draw."""
+
+    def __init__(self, options: ThompsonOptions | None = None) -> None:
+        self.options = o = options or ThompsonOptions()
+        self.rng = random.Random(o.seed)
+        self.posterior = Beta(o.alpha0, o.beta0)
+        self.buckets = Buckets(o.edges or (), o.alpha0, o.beta0)
+        self.kinds_seen: set[int] = set()
+        self._theta = 0.5
+        self._cells: dict[int, float] = {}
+        self._survival = 1.0
+        self._times: list[float] | None = None
+        self._rate = 0.0
+
+    # -- the protocol ---------------------------------------------------------------------------
+
+    def start(self, request: Request) -> None:
+        if self.options.scope == "request":
+            self.posterior.reset()
+            self.buckets.reset()
+            self.rng.seed(self.options.seed)
+        else:
+            self.posterior.decay(self.options.decay)
+            self.buckets.decay(self.options.decay)
+
+    def should_continue(self, step: DraftStep) -> bool:
+        cap = self.options.max_tokens
+        limit = step.max_tokens if cap is None else min(step.max_tokens, cap)
+        if step.index >= limit:
+            return False
+        if step.index == 0:
+            self._begin_round(step.costs, limit)
+        elif self.options.resample == "step":
+            self._theta = self.posterior.sample(self.rng)
+            self._cells = {}
+        survival = self._advance(step)
+        if self._times is None:
+            return self.rng.random() < (self._latest_theta(step) if step.index else self._theta)
+        return draft_on(step.index, survival, self._theta, self._times, self._rate)
+
+    def update(self, outcome: RoundOutcome) -> None:
+        self.kinds_seen.add(outcome.drafted)
+        k, n = outcome.drafted, outcome.accepted
+        if k == 0:
+            return
+        failures = (k - n) if self.options.failures == "all" else float(n < k)
+        self.posterior.observe(n, failures)
+        if self.options.variant == "calibration":
+            self.buckets.observe_round(self._signals(outcome), n)
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _begin_round(self, costs: Costs, limit: int) -> None:
+        """Draw theta for the round and, once costs are known, the rate that prices time."""
+        self._theta = self.posterior.sample(self.rng)
+        self._cells = {}
+        self._survival = 1.0
+        self._times = self._round_times(costs, limit) if self.options.stop_rule == "cost" else None
+        if self._times is not None:
+            self._rate = best_rate(self._theta, self._times)
+
+    def _round_times(self, costs: Costs, limit: int) -> list[float] | None:
+        """round_time(k) for k = 0 .. limit, or None while the costs rest on a single k."""
+        if len(self.kinds_seen) < 2:
+            return None
+        times = [costs.round_time(k) for k in range(limit + 1)]
+        if any(t is None or t <= 0 for t in times):
+            return None
+        return times  # type: ignore[return-value]
+
+    def _advance(self, step: DraftStep) -> float:
+        """Probability that every draft so far is accepted, under this round's draws."""
+        if step.index:
+            self._survival *= self._latest_theta(step)
+        return self._survival
+
+    def _latest_theta(self, step: DraftStep) -> float:
+        """theta for the latest draft: its bucket's draw (Calibration-TS) or the round's theta."""
+        if self.options.variant != "calibration":
+            return self._theta
+        cell = self.buckets.index(self._signal(step))
+        if cell not in self._cells:
+            self._cells[cell] = self.buckets.cells[cell].sample(self.rng)
+        return self._cells[cell]
+
+    def _signal(self, step: DraftStep) -> float:
+        value = {"top1": step.top1, "prob": step.prob, "entropy": step.entropy}[self.options.signal]
+        return 0.0 if value is None else value
+
+    def _signals(self, outcome: RoundOutcome) -> tuple[float, ...]:
+        signals = {"top1": outcome.top1, "prob": outcome.probs, "entropy": outcome.entropies}
+        return signals[self.options.signal]

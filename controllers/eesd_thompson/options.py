@@ -1,0 +1,69 @@
+"""Options of the Thompson-sampling controller: every choice the EESD paper leaves open."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from eesd_core.config import PluginOptions
+
+DEFAULT_EDGES = {
+    "top1": (0.2, 0.4, 0.6, 0.8, 0.9),
+    "prob": (0.2, 0.4, 0.6, 0.8, 0.9),
+    "entropy": (0.25, 0.5, 1.0, 2.0, 3.0),
+}
+
+
+class ThompsonOptions(PluginOptions):
+    """How the controller models acceptance and when it stops drafting.
+
+    - ``variant``: ``"beta"`` keeps one Beta posterior over theta, the probability that a draft is
+      accepted; ``"calibration"`` also keeps one Beta posterior per confidence bucket of the
+      drafter (``signal`` and ``edges``), so a doubtful draft ends the round early.
+    - ``stop_rule``: ``"cost"`` (default) drafts only while the expected committed tokens per
+      second, under the sampled theta and the measured costs, beat plain decoding and shorter
+      rounds; ``"bernoulli"`` is the paper's rule: draft another token while chi ~ Bernoulli(theta)
+      is 1. The cost rule falls back to the Bernoulli rule until costs are measured.
+    - ``failures``: the posterior's failures per round: ``"first"`` counts only the first rejection
+      (later drafts are never judged by the verifier, so they are censored), ``"all"`` counts every
+      rejected draft (k - n).
+    - ``resample``: draw theta once per round (``"round"``, genuine Thompson sampling) or before
+      every draft (``"step"``).
+    - ``alpha0``, ``beta0``: the Beta prior.
+    - ``scope``: ``"request"`` resets the posterior at every generation, ``"global"`` carries it
+      across generations, shrinking the evidence by ``decay`` at each start so it keeps adapting.
+    - ``signal``, ``edges``: the drafter confidence that Calibration-TS conditions on (``top1`` or
+      ``prob`` of the latest draft, or its ``entropy`` in nats) and the increasing bucket edges
+      (default per signal).
+    - ``max_tokens``: an own cap on drafts per round, below the engine's ``max_draft_tokens``.
+    - ``seed``: the controller's own random stream; with ``scope="request"`` it restarts at every
+      generation, so a generation's decisions depend only on the seed and on what it observes.
+      The stream decides only speed, never output: the verifier keeps decoding lossless.
+    """
+
+    variant: Literal["beta", "calibration"] = "beta"
+    stop_rule: Literal["cost", "bernoulli"] = "cost"
+    failures: Literal["first", "all"] = "first"
+    resample: Literal["round", "step"] = "round"
+    alpha0: float = Field(1.0, gt=0.0, allow_inf_nan=False)
+    beta0: float = Field(1.0, gt=0.0, allow_inf_nan=False)
+    scope: Literal["request", "global"] = "global"
+    decay: float = Field(0.5, gt=0.0, le=1.0)
+    signal: Literal["top1", "prob", "entropy"] = "top1"
+    edges: tuple[float, ...] | None = None
+    max_tokens: int | None = Field(None, ge=0)
+    seed: int = 0
+
+    @field_validator("edges")
+    @classmethod
+    def _increasing(cls, value: tuple[float, ...] | None) -> tuple[float, ...] | None:
+        if value is not None and any(b <= a for a, b in zip(value, value[1:], strict=False)):
+            raise ValueError("bucket edges must be strictly increasing")
+        return value
+
+    @model_validator(mode="after")
+    def _default_edges(self) -> ThompsonOptions:
+        if self.edges is None:
+            object.__setattr__(self, "edges", DEFAULT_EDGES[self.signal])
+        return self

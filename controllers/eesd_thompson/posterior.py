@@ -1,0 +1,63 @@
+"""Beta posteriors over the probability that a draft is accepted, alone or per confidence bucket."""
+
+from __future__ import annotations
+
+import bisect
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass
+class Beta:
+    """Beta(alpha, beta) over theta; the counts beyond the prior shrink by ``decay`` on request."""
+
+    alpha0: float
+    beta0: float
+    alpha: float = 0.0
+    beta: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.alpha, self.beta = self.alpha0, self.beta0
+
+    def decay(self, factor: float) -> None:
+        self.alpha = self.alpha0 + factor * (self.alpha - self.alpha0)
+        self.beta = self.beta0 + factor * (self.beta - self.beta0)
+
+    def observe(self, successes: float, failures: float) -> None:
+        self.alpha += successes
+        self.beta += failures
+
+    def sample(self, rng: random.Random) -> float:
+        return rng.betavariate(self.alpha, self.beta)
+
+    @property
+    def mean(self) -> float:
+        return self.alpha / (self.alpha + self.beta)
+
+
+class Buckets:
+    """One Beta per confidence bucket: bucket b holds values in [edges[b-1], edges[b])."""
+
+    def __init__(self, edges: Sequence[float], alpha0: float, beta0: float) -> None:
+        self.edges = tuple(edges)
+        self.cells = [Beta(alpha0, beta0) for _ in range(len(self.edges) + 1)]
+
+    def index(self, value: float) -> int:
+        return bisect.bisect_right(self.edges, value)
+
+    def reset(self) -> None:
+        for cell in self.cells:
+            cell.reset()
+
+    def decay(self, factor: float) -> None:
+        for cell in self.cells:
+            cell.decay(factor)
+
+    def observe_round(self, values: Sequence[float], accepted: int) -> None:
+        """Accepted drafts are successes, the first rejected one a failure; later ones censored."""
+        for i, value in enumerate(values[: accepted + 1]):
+            self.cells[self.index(value)].observe(float(i < accepted), float(i >= accepted))
