@@ -67,3 +67,13 @@ def eesd_generation_end(stats: Any) -> None:
 
     :param stats: the :class:`~eesd_core.engine.GenerationStats` of the call.
     """
+
+
+@hookspec
+def eesd_cli_commands(subparsers: Any) -> None:
+    """Add subcommands to the ``eesd`` command line.
+
+    :param subparsers: the ``argparse`` sub-parser collection of ``eesd``; call
+        ``subparsers.add_parser(name, help=...)`` and ``set_defaults(func=callable)``, where
+        ``callable(args) -> int | None`` runs the command.
+    """

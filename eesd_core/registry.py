@@ -142,7 +142,16 @@ class Manager:
                     f"Reinstall or upgrade that distribution, or skip it with "
                     f"EESD_DISABLE_PLUGINS={ep.name}."
                 ) from exc
-        self.pm.check_pending()
+        self.check_pending()
+
+    def check_pending(self) -> None:
+        """Every hook implementation must match a spec: a misspelt hook is an error, not a no-op."""
+        try:
+            self.pm.check_pending()
+        except pluggy.PluginValidationError as exc:
+            raise PluginLoadError(
+                f"{exc}. Hook names are listed in eesd_core.hookspecs; check the spelling."
+            ) from None
 
     def register(
         self, plugin: Any, name: str, distribution: str | None = None, version: str | None = None

@@ -1,0 +1,26 @@
+# Targets a newcomer needs; each sets up .venv on first use.
+.PHONY: demo test test-fast lint typecheck bench
+
+demo:
+	./scripts/bootstrap.sh
+	.venv/bin/eesd demo
+
+test:
+	./scripts/bootstrap.sh test
+	.venv/bin/python -m pytest -q
+
+test-fast:
+	./scripts/bootstrap.sh test
+	.venv/bin/python -m pytest -q -m "not slow and not model"
+
+lint:
+	./scripts/bootstrap.sh dev
+	.venv/bin/ruff check .
+
+typecheck:
+	./scripts/bootstrap.sh dev
+	.venv/bin/mypy
+
+bench:
+	./scripts/bootstrap.sh bench
+	.venv/bin/eesd bench --per-category 3 --max-new-tokens 128

@@ -1,0 +1,115 @@
+"""After every round each cache holds exactly the committed tokens but the pending one.
+
+A verifier that accepts a random number of drafts drives the engine through every rollback depth;
+after each round the lengths of all target layers and of the exit layer are checked, and at the end
+the cached keys and values are compared with a fresh transformers forward over the same tokens.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from conftest import make_tiny
+from transformers import DynamicCache
+
+from eesd_core import SpeculativeDecoder, hookimpl
+from eesd_core.registry import get_manager, reset_manager
+from eesd_early_exit.head import ExitHead
+
+
+class RandomAcceptVerifier:
+    """Accepts n ~ U{0..k} drafts and emits a random token: wrong on purpose, fine for caches."""
+
+    def __init__(self, options: object = None) -> None:
+        self.random = random.Random(7)
+
+    def verify(self, draft_tokens, q, p, rng):  # noqa: ANN001, ANN201
+        return self.random.randint(0, len(draft_tokens)), self.random.randrange(3, p.shape[-1])
+
+
+class RandomController:
+    def __init__(self, options: object = None) -> None:
+        self.random = random.Random(3)
+
+    def start(self, request):  # noqa: ANN001, ANN201
+        pass
+
+    def should_continue(self, step):  # noqa: ANN001, ANN201
+        return self.random.random() < 0.8
+
+    def update(self, outcome):  # noqa: ANN001, ANN201
+        pass
+
+
+class _Plugin:
+    @hookimpl
+    def eesd_register_verifiers(self, register):  # noqa: ANN001, ANN201
+        register.add("random_accept", RandomAcceptVerifier)
+
+    @hookimpl
+    def eesd_register_controllers(self, register):  # noqa: ANN001, ANN201
+        register.add("random_stop", RandomController)
+
+
+@pytest.fixture
+def with_test_plugins():
+    reset_manager()
+    get_manager().register(_Plugin(), "cache-invariant-test")
+    yield
+    reset_manager()
+
+
+def _reference_keys(model, tokens: list[int]) -> list[torch.Tensor]:
+    cache = DynamicCache()
+    with torch.no_grad():
+        model(torch.tensor([tokens]), past_key_values=cache, use_cache=True)
+    return [layer.keys for layer in cache.layers]
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_cache_holds_committed_tokens_after_every_round(family: str, with_test_plugins: None) -> None:
+    model = make_tiny(family, 11, layers=5)
+    dec = SpeculativeDecoder(model, drafter="early_exit", drafter_options={"exit_layer": 2},
+                             controller="random_stop", verifier="random_accept", max_draft_tokens=6)
+    dec.drafter.head = ExitHead(dec.adapter, exit_layer=2, num_layers=1)
+    ids = torch.tensor([[5, 9, 4, 17]])
+    rounds = 0
+    for _ in dec.stream(ids, max_new_tokens=120, eos_token_id=[]):
+        state = dec.state
+        committed = len(state.history)
+        if not state.done:
+            assert state.cache.lengths == [committed - 1] * 5
+            assert dec.drafter.exit_cache.lengths == [committed - 1]
+        rounds += 1
+    assert rounds > 30 and 0 < dec.last_stats.accepted < dec.last_stats.drafted
+
+    history = dec.state.history
+    final = len(history) - 1
+    expected = _reference_keys(model, history[:final])
+    dec.state.cache.crop(final)
+    for layer, keys in enumerate(expected):
+        assert dec.state.cache.lengths[layer] == final
+        ours = dec.state.cache.keys[layer][:, :, :final]
+        torch.testing.assert_close(ours, keys, rtol=1e-10, atol=1e-10)
+
+
+def test_exit_cache_matches_a_fresh_pass(with_test_plugins: None) -> None:
+    model = make_tiny("llama", 12, layers=4)
+    dec = SpeculativeDecoder(model, drafter="early_exit", drafter_options={"exit_layer": 2},
+                             controller="random_stop", verifier="random_accept", max_draft_tokens=5)
+    head = ExitHead(dec.adapter, exit_layer=2, num_layers=1)
+    dec.drafter.head = head
+    chunks = list(dec.stream(torch.tensor([[3, 8, 6]]), max_new_tokens=60, eos_token_id=[]))
+    assert chunks
+    history = dec.state.history
+    length = min(dec.drafter.exit_cache.lengths[0], len(history) - 1)
+    with torch.no_grad():
+        fresh_target = dec.adapter.new_cache()
+        x = dec.adapter.embed(torch.tensor(history[:length]))
+        h = dec.adapter.run_layers(x, 0, 2, fresh_target, 0)
+        fresh_exit = head.new_cache()
+        head.hidden(h, 0, fresh_exit, None)
+    torch.testing.assert_close(dec.drafter.exit_cache.keys[0][:, :, :length], fresh_exit.keys[0][:, :, :length],
+                               rtol=1e-10, atol=1e-10)

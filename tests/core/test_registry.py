@@ -1,0 +1,113 @@
+"""Plug-in discovery through entry points, the allow/block variables, and registration errors."""
+
+from __future__ import annotations
+
+import importlib.metadata as metadata
+import json
+import sys
+import types
+
+import pytest
+
+from eesd_core import hookimpl
+from eesd_core.cli import main
+from eesd_core.errors import PluginError, PluginLoadError, UnknownPluginError
+from eesd_core.registry import Manager, get_manager, reset_manager
+
+BUILT_INS = {"early_exit", "lossless", "llama_family", "baselines"}
+
+
+def _module(name: str, **hooks: object) -> types.ModuleType:
+    module = types.ModuleType(name)
+    for hook_name, fn in hooks.items():
+        setattr(module, hook_name, hookimpl(fn))
+    sys.modules[name] = module
+    return module
+
+
+def _entry_point(name: str, module: str) -> metadata.EntryPoint:
+    return metadata.EntryPoint(name=name, value=module, group="eesd")
+
+
+@pytest.fixture(autouse=True)
+def fresh_registry(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv("EESD_LOAD_PLUGINS", raising=False)
+    monkeypatch.delenv("EESD_DISABLE_PLUGINS", raising=False)
+    reset_manager()
+    yield
+    reset_manager()
+
+
+def test_built_ins_come_from_the_installed_entry_points() -> None:
+    declared = {ep.name for ep in metadata.entry_points(group="eesd") if ep.dist and ep.dist.metadata["Name"] == "eesd"}
+    assert BUILT_INS <= declared
+    info = get_manager().info
+    for name in BUILT_INS:
+        assert info[name].distribution == "eesd" and info[name].version
+
+
+def test_plugins_json_lists_the_default_plug_ins(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plugins", "--json"]) == 0
+    report = {item["name"]: item for item in json.loads(capsys.readouterr().out)}
+    assert report["early_exit"]["provides"] == {"drafter": ["early_exit"]}
+    assert report["lossless"]["provides"] == {"verifier": ["lossless"]}
+    assert "fixed" in report["baselines"]["provides"]["controller"]
+    assert report["lossless"]["distribution"] == "eesd"
+    assert "eesd_register_verifiers" in report["lossless"]["hooks"]
+
+
+def test_import_failure_names_the_entry_point_and_distribution() -> None:
+    manager = Manager()
+    with pytest.raises(PluginLoadError, match="'broken'.*eesd_no_such_module"):
+        manager.load_entry_points([_entry_point("broken", "eesd_no_such_module")])
+
+
+def test_duplicate_names_name_both_plug_ins() -> None:
+    def register(register):  # noqa: ANN001, ANN202
+        register.add("twin", object)
+
+    manager = Manager()
+    manager.register(_module("eesd_test_a", eesd_register_controllers=register), "first")
+    manager.register(_module("eesd_test_b", eesd_register_controllers=register), "second")
+    with pytest.raises(PluginError, match="'first'.*'second'|'second'.*'first'"):
+        manager.registry("controller")
+
+
+@pytest.mark.parametrize("name, factory, options, message", [
+    ("Bad Name", object, None, "lowercase"),
+    ("ok", 42, None, "callable"),
+    ("ok", object, dict, "pydantic"),
+])
+def test_malformed_registrations_fail_at_once(name: str, factory: object, options: object, message: str) -> None:
+    def register(register):  # noqa: ANN001, ANN202
+        register.add(name, factory, options=options)
+
+    manager = Manager()
+    manager.register(_module("eesd_test_bad", eesd_register_verifiers=register), "culprit")
+    with pytest.raises(PluginError, match=f"culprit.*{message}"):
+        manager.registry("verifier")
+
+
+def test_unknown_hook_is_rejected() -> None:
+    module = types.ModuleType("eesd_test_typo")
+    module.eesd_register_controlers = hookimpl(lambda register: None)
+    with pytest.raises(PluginLoadError, match="typo"):
+        manager = Manager()
+        manager.register(module, "typo")
+        manager.check_pending()
+
+
+def test_allow_and_block_lists(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EESD_DISABLE_PLUGINS", "baselines")
+    assert "baselines" not in get_manager().info
+    reset_manager()
+    monkeypatch.delenv("EESD_DISABLE_PLUGINS")
+    monkeypatch.setenv("EESD_LOAD_PLUGINS", "lossless, llama_family")
+    assert set(get_manager().info) == {"lossless", "llama_family"}
+    with pytest.raises(UnknownPluginError, match="No drafter named 'early_exit'"):
+        get_manager().registry("drafter").get("early_exit")
+
+
+def test_unknown_plug_in_lists_the_registered_ones() -> None:
+    with pytest.raises(UnknownPluginError, match="Registered verifiers: lossless"):
+        get_manager().registry("verifier").get("losless")
