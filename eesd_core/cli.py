@@ -51,9 +51,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def add_decoder_arguments(parser: argparse.ArgumentParser) -> None:
     """The options that choose a model and the plug-ins, shared by several commands."""
-    parser.add_argument("--model", default="smollm2-135m-instruct",
-                        help="a local HF checkpoint directory, or a known model name to fetch")
-    parser.add_argument("--drafter", default="early_exit", help="drafter plug-in, or 'none' for plain decoding")
+    parser.add_argument(
+        "--model",
+        default="smollm2-135m-instruct",
+        help="a local HF checkpoint directory, or a known model name to fetch",
+    )
+    parser.add_argument(
+        "--drafter", default="early_exit", help="drafter plug-in, or 'none' for plain decoding"
+    )
     parser.add_argument("--drafter-options", type=json.loads, default={}, metavar="JSON")
     parser.add_argument("--controller", default="thompson")
     parser.add_argument("--controller-options", type=json.loads, default={}, metavar="JSON")
@@ -109,8 +114,14 @@ def _generate(args: argparse.Namespace) -> int:
         raise EESDError(f"{args.model!r} has no tokenizer: `eesd generate` needs one to read text.")
     ids = encode_prompt(dec.tokenizer, text, chat=not args.no_chat)
     stream = TextStreamer(dec.tokenizer)
-    for chunk in dec.stream(ids, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                            top_k=args.top_k, top_p=args.top_p, seed=args.seed):
+    for chunk in dec.stream(
+        ids,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+    ):
         stream.push(chunk)
     stream.close()
     if args.stats:
@@ -132,13 +143,13 @@ class TextStreamer:
         text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
         if text.endswith("\ufffd"):
             return
-        self.out.write(text[self.printed:])
+        self.out.write(text[self.printed :])
         self.out.flush()
         self.printed = len(text)
 
     def close(self) -> None:
         text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
-        self.out.write(text[self.printed:] + "\n")
+        self.out.write(text[self.printed :] + "\n")
         self.out.flush()
 
 
@@ -157,8 +168,13 @@ def plugin_report() -> list[dict[str, Any]]:
         for entry in manager.registry(kind).entries():
             provides.setdefault(entry.plugin, {}).setdefault(kind, []).append(entry.name)
     return [
-        {"name": info.name, "distribution": info.distribution, "version": info.version,
-         "hooks": list(info.hooks), "provides": provides.get(info.name, {})}
+        {
+            "name": info.name,
+            "distribution": info.distribution,
+            "version": info.version,
+            "hooks": list(info.hooks),
+            "provides": provides.get(info.name, {}),
+        }
         for info in sorted(manager.info.values(), key=lambda i: i.name)
     ]
 

@@ -33,9 +33,9 @@ def run_demo(args: argparse.Namespace) -> int:
         streamer.push(chunk)
     streamer.close()
     fast_stats = fast.last_stats
-    fast_tokens = fast.state.history[len(ids):]
+    fast_tokens = fast.state.history[len(ids) :]
     plain_result = plain.generate(ids, max_new_tokens=args.max_new_tokens)
-    plain_tokens = plain_result.sequences[0, len(ids):].tolist()
+    plain_tokens = plain_result.sequences[0, len(ids) :].tolist()
     _report(args, fast_stats, plain_result.stats, fast_tokens == plain_tokens)
     return 0 if fast_tokens == plain_tokens else 1
 
@@ -44,12 +44,18 @@ def _report(args: argparse.Namespace, fast: Any, plain: Any, identical: bool) ->
     speedup = fast.tokens_per_second / plain.tokens_per_second if plain.tokens_per_second else float("nan")
     rows = [
         ("method", "tokens", "tokens/s", "mean accepted tokens"),
-        (f"eesd ({args.drafter}, {args.controller})", str(fast.new_tokens), f"{fast.tokens_per_second:.1f}",
-         f"{fast.mean_accepted_tokens:.2f}"),
+        (
+            f"eesd ({args.drafter}, {args.controller})",
+            str(fast.new_tokens),
+            f"{fast.tokens_per_second:.1f}",
+            f"{fast.mean_accepted_tokens:.2f}",
+        ),
         ("plain decoding", str(plain.new_tokens), f"{plain.tokens_per_second:.1f}", "1.00"),
     ]
     print()
     for row in rows:
         print(f"  {row[0]:<36} {row[1]:>7} {row[2]:>9} {row[3]:>21}")
-    print(f"\n  speedup {speedup:.2f}x; acceptance rate {fast.acceptance_rate:.2f}; "
-          f"greedy texts identical: {'yes' if identical else 'NO'}")
+    print(
+        f"\n  speedup {speedup:.2f}x; acceptance rate {fast.acceptance_rate:.2f}; "
+        f"greedy texts identical: {'yes' if identical else 'NO'}"
+    )

@@ -17,7 +17,7 @@ import torch
 from eesd_core.cache import KVCache
 from eesd_core.config import DecoderConfig, GenerationConfig, generation_config, validate
 from eesd_core.costs import CostTracker
-from eesd_core.errors import ConfigError, InputError, PluginFault
+from eesd_core.errors import ConfigError, InputError
 from eesd_core.guards import Guarded
 from eesd_core.models import find_adapter
 from eesd_core.protocols import DraftContext, Proposal, Request, RoundOutcome, SamplingParams
@@ -101,7 +101,9 @@ class SpeculativeDecoder:
         self._observe = self.manager.has_observers("eesd_round_end")
 
     @classmethod
-    def from_pretrained(cls, path: str, *, dtype: torch.dtype = torch.float32, **kwargs: Any) -> SpeculativeDecoder:
+    def from_pretrained(
+        cls, path: str, *, dtype: torch.dtype = torch.float32, **kwargs: Any
+    ) -> SpeculativeDecoder:
         """Load a local HF checkpoint (never remote code) and its tokenizer, then build a decoder."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -186,7 +188,9 @@ class SpeculativeDecoder:
         vocab = self.adapter.vocab_size
         for token in ids:
             if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab:
-                raise InputError(f"Token id {token!r} is not an integer in [0, {vocab}): check the tokenizer.")
+                raise InputError(
+                    f"Token id {token!r} is not an integer in [0, {vocab}): check the tokenizer."
+                )
         return ids
 
     def _check_length(self, prompt_length: int, max_new_tokens: int) -> None:
@@ -210,7 +214,9 @@ class SpeculativeDecoder:
             stats=GenerationStats(prompt_tokens=len(prompt)),
         )
         self.last_stats, self.state = g.stats, g
-        request = Request(len(prompt), config.max_new_tokens, self.config.max_draft_tokens, sampling, self.costs.snapshot())
+        request = Request(
+            len(prompt), config.max_new_tokens, self.config.max_draft_tokens, sampling, self.costs.snapshot()
+        )
         with torch.inference_mode():
             self._prefill(g)
             if self.drafter is not None:
@@ -243,7 +249,9 @@ class SpeculativeDecoder:
         pending = g.history[-1]
         costs = self.costs.snapshot()
         t0 = time.perf_counter()
-        proposal = self._propose(g, pending, position, min(self.config.max_draft_tokens, g.remaining - 1), costs)
+        proposal = self._propose(
+            g, pending, position, min(self.config.max_draft_tokens, g.remaining - 1), costs
+        )
         t1 = time.perf_counter()
         p = self._target(g, pending, proposal, position)  # [k+1, V]
         n, token = self.guard.verify(self.verifier, proposal, p, g.rng)
@@ -251,11 +259,21 @@ class SpeculativeDecoder:
         committed = proposal.tokens[:n].tolist() + [token]
         self._rollback(g, position + n + 1)
         self.costs.observe(proposal.k, t1 - t0, t2 - t1)
-        round_ = RoundStats(position, proposal.k, n, tuple(committed), t1 - t0, t2 - t1,
-                            _probs(proposal), proposal.top1, proposal.entropies)
+        round_ = RoundStats(
+            position,
+            proposal.k,
+            n,
+            tuple(committed),
+            t1 - t0,
+            t2 - t1,
+            _probs(proposal),
+            proposal.top1,
+            proposal.entropies,
+        )
         if self.drafter is not None:
-            outcome = RoundOutcome(proposal.k, n, round_.probs, proposal.top1, proposal.entropies,
-                                   t1 - t0, t2 - t1, costs)
+            outcome = RoundOutcome(
+                proposal.k, n, round_.probs, proposal.top1, proposal.entropies, t1 - t0, t2 - t1, costs
+            )
             self.guard.call_controller("update", self.controller.update, outcome)
         committed = self._commit(g, committed)
         g.stats.add_round(round_)
@@ -283,7 +301,7 @@ class SpeculativeDecoder:
     def _target(self, g: _Generation, pending: int, proposal: Proposal, position: int) -> torch.Tensor:
         """The target's p over [pending, d_1..d_k], running only the layers the drafter did not."""
         start = proposal.layers_done if proposal.hidden is not None else 0
-        if start == 0:
+        if start == 0 or proposal.hidden is None:
             inputs = torch.cat([torch.tensor([pending], dtype=torch.long), proposal.tokens.cpu()])
             hidden = self.adapter.embed(inputs.to(self.adapter.device))
         else:

@@ -68,12 +68,16 @@ class Guarded:
         if k > max_k:
             raise self.fault("drafter", f"proposed {k} drafts where at most {max_k} were allowed")
         tokens = proposal.tokens
-        if k and (tokens.dtype != torch.long or int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size):
+        if k and (
+            tokens.dtype != torch.long or int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size
+        ):
             raise self.fault("drafter", f"proposed tokens outside [0, {self.vocab_size})")
         if not 0 <= proposal.layers_done <= num_layers:
             raise self.fault("drafter", f"claims layers_done={proposal.layers_done} of {num_layers}")
         if proposal.hidden is not None and proposal.layers_done and proposal.hidden.shape[1] != k + 1:
-            raise self.fault("drafter", f"returned hidden states for {proposal.hidden.shape[1]} inputs, not {k + 1}")
+            raise self.fault(
+                "drafter", f"returned hidden states for {proposal.hidden.shape[1]} inputs, not {k + 1}"
+            )
         if proposal.q is not None and k:
             self._check_q(proposal.q, k)
 
@@ -88,11 +92,15 @@ class Guarded:
     def check_cache(self, cache: KVCache, start: int, position: int, k: int) -> None:
         """Layers [start, L) must hold exactly the committed tokens before verification."""
         if any(length != position for length in cache.lengths[start:]):
-            raise self.fault("drafter", f"left the target cache at {cache.lengths[start]} tokens, not {position}")
+            raise self.fault(
+                "drafter", f"left the target cache at {cache.lengths[start]} tokens, not {position}"
+            )
         if start and cache.lengths[start - 1] != position + k + 1:
             raise self.fault("drafter", f"left layers [0, {start}) of the cache at the wrong length")
 
-    def verify(self, verifier: Verifier, proposal: Proposal, p: torch.Tensor, rng: RandomSource) -> tuple[int, int]:
+    def verify(
+        self, verifier: Verifier, proposal: Proposal, p: torch.Tensor, rng: RandomSource
+    ) -> tuple[int, int]:
         result = self._call("verifier", "verify", verifier.verify, proposal.tokens, proposal.q, p, rng)
         try:
             n, token = int(result[0]), int(result[1])

@@ -200,9 +200,24 @@ class ModelAdapter(Protocol):
     """One architecture's view of a causal LM: embed, layers [a, b), final norm, LM head."""
 
     model: Any
+    config: Any
     num_layers: int
     vocab_size: int
     hidden_size: int
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def dtype(self) -> torch.dtype: ...
+
+    def mask(
+        self, queries: int, position: int, window: int | None, like: torch.Tensor
+    ) -> torch.Tensor | None: ...
+
+    def call_layer(
+        self, layer: Any, hidden: torch.Tensor, mask: torch.Tensor | None, rotary: Any, cache: KVCache
+    ) -> torch.Tensor: ...
 
     def new_cache(self, num_layers: int | None = None) -> KVCache: ...
 

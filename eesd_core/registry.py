@@ -96,9 +96,7 @@ class Registrar:
     def add(self, name: str, factory: Callable[..., Any], options: type[BaseModel] | None = None) -> None:
         where = f"plug-in {self.plugin!r} registering {self._registry.kind} {name!r}"
         if not isinstance(name, str) or not _NAME.match(name):
-            raise PluginError(
-                f"{where}: names are lowercase identifiers like 'my_controller', got {name!r}."
-            )
+            raise PluginError(f"{where}: names are lowercase identifiers like 'my_controller', got {name!r}.")
         if not callable(factory):
             raise PluginError(f"{where}: the factory must be callable, got {factory!r}.")
         if options is not None and not (isinstance(options, type) and issubclass(options, BaseModel)):

@@ -49,8 +49,13 @@ def describe_target(adapter: ModelAdapter) -> dict[str, str]:
     }
 
 
-def save_head(head: Any, adapter: ModelAdapter, path: str | Path, training: dict[str, Any] | None = None,
-              dtype: torch.dtype = torch.bfloat16) -> Path:
+def save_head(
+    head: Any,
+    adapter: ModelAdapter,
+    path: str | Path,
+    training: dict[str, Any] | None = None,
+    dtype: torch.dtype = torch.bfloat16,
+) -> Path:
     """Write ``head`` atomically: a temporary file in the same directory, then a rename."""
     path = Path(path)
     metadata = {
@@ -82,7 +87,9 @@ def read_metadata(path: str | Path) -> dict[str, str]:
     """The metadata of a head file, or a :class:`HeadError` saying why it is not one."""
     path = Path(path)
     if not path.is_file():
-        raise HeadError(f"Exit-head file {str(path)!r} does not exist. Check the path, or distil one with `eesd distill`.")
+        raise HeadError(
+            f"Exit-head file {str(path)!r} does not exist. Check the path, or distil one with `eesd distill`."
+        )
     try:
         with safe_open(str(path), framework="pt") as f:
             metadata = f.metadata() or {}
@@ -92,7 +99,9 @@ def read_metadata(path: str | Path) -> dict[str, str]:
             "corrupted. Re-download or re-distil the head."
         ) from None
     if metadata.get("format") != FORMAT:
-        raise HeadError(f"{str(path)!r} is not an eesd exit-head file (metadata format={metadata.get('format')!r}).")
+        raise HeadError(
+            f"{str(path)!r} is not an eesd exit-head file (metadata format={metadata.get('format')!r})."
+        )
     if metadata.get("format_version") != str(FORMAT_VERSION):
         raise HeadError(
             f"{str(path)!r} has head format version {metadata.get('format_version')}, this eesd reads "
@@ -121,14 +130,21 @@ def load_head(path: str | Path, adapter: ModelAdapter) -> Any:
     check_target(metadata, adapter, path)
     try:
         with safe_open(str(path), framework="pt") as f:
-            tensors = {name: f.get_tensor(name) for name in f.keys()}
+            tensors = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118
         vocab_ids = tensors.pop("vocab_ids", None)
-        head = ExitHead(adapter, int(metadata["exit_layer"]), int(metadata["num_exit_layers"]),
-                        init_layer=None, vocab_ids=vocab_ids)
+        head = ExitHead(
+            adapter,
+            int(metadata["exit_layer"]),
+            int(metadata["num_exit_layers"]),
+            init_layer=None,
+            vocab_ids=vocab_ids,
+        )
         dtype = adapter.model.lm_head.weight.dtype
         head.load_state_dict({k: v.to(dtype) for k, v in tensors.items()}, strict=True)
     except HeadError:
         raise
     except Exception as exc:
-        raise HeadError(f"Exit head {str(path)!r} does not match its metadata: {exc}. Re-distil it.") from None
+        raise HeadError(
+            f"Exit head {str(path)!r} does not match its metadata: {exc}. Re-distil it."
+        ) from None
     return head.to(adapter.device).eval()

@@ -17,23 +17,32 @@ def model():
 
 @pytest.fixture(scope="module")
 def decoder(model):
-    return SpeculativeDecoder(model, drafter="early_exit", drafter_options={"exit_layer": 2}, controller="fixed")
+    return SpeculativeDecoder(
+        model, drafter="early_exit", drafter_options={"exit_layer": 2}, controller="fixed"
+    )
 
 
-@pytest.mark.parametrize("kwargs, error, message", [
-    (dict(drafter="early_exitt"), UnknownPluginError, "No drafter named 'early_exitt'.*early_exit"),
-    (dict(controller="nope"), UnknownPluginError, "No controller named 'nope'"),
-    (dict(verifier="nope"), UnknownPluginError, "No verifier named 'nope'"),
-    (dict(drafter_options={"exit_layr": 2}), ConfigError, "unknown option 'exit_layr'.*Valid options: exit_layer, head"),
-    (dict(controller_options={"kk": 2}), ConfigError, "unknown option 'kk'"),
-    (dict(controller_options={"k": -1}), ConfigError, "k: Input should be greater than or equal to 0"),
-    (dict(drafter_options={"exit_layer": 0}), ConfigError, "exit_layer must be at least 1"),
-    (dict(drafter_options={"exit_layer": 4}), ConfigError, r"choose 1 <= exit_layer <= 3"),
-    (dict(drafter_options={"exit_layer": 99}), ConfigError, "out of range for a model of 4 layers"),
-    (dict(max_draft_tokens=0), ConfigError, "max_draft_tokens"),
-    (dict(verifier_options={"x": 1}), ConfigError, "unknown option 'x'"),
-    (dict(drafter_options={"head": "/no/such/head.safetensors"}), EESDError, "does not exist"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        (dict(drafter="early_exitt"), UnknownPluginError, "No drafter named 'early_exitt'.*early_exit"),
+        (dict(controller="nope"), UnknownPluginError, "No controller named 'nope'"),
+        (dict(verifier="nope"), UnknownPluginError, "No verifier named 'nope'"),
+        (
+            dict(drafter_options={"exit_layr": 2}),
+            ConfigError,
+            "unknown option 'exit_layr'.*Valid options: exit_layer, head",
+        ),
+        (dict(controller_options={"kk": 2}), ConfigError, "unknown option 'kk'"),
+        (dict(controller_options={"k": -1}), ConfigError, "k: Input should be greater than or equal to 0"),
+        (dict(drafter_options={"exit_layer": 0}), ConfigError, "exit_layer must be at least 1"),
+        (dict(drafter_options={"exit_layer": 4}), ConfigError, r"choose 1 <= exit_layer <= 3"),
+        (dict(drafter_options={"exit_layer": 99}), ConfigError, "out of range for a model of 4 layers"),
+        (dict(max_draft_tokens=0), ConfigError, "max_draft_tokens"),
+        (dict(verifier_options={"x": 1}), ConfigError, "unknown option 'x'"),
+        (dict(drafter_options={"head": "/no/such/head.safetensors"}), EESDError, "does not exist"),
+    ],
+)
 def test_bad_configuration(model, kwargs: dict, error: type, message: str) -> None:
     options = dict(drafter="early_exit", drafter_options={"exit_layer": 2}, controller="fixed")
     options.update(kwargs)
@@ -41,23 +50,26 @@ def test_bad_configuration(model, kwargs: dict, error: type, message: str) -> No
         SpeculativeDecoder(model, **options)
 
 
-@pytest.mark.parametrize("ids, kwargs, message", [
-    ([], {}, "prompt is empty"),
-    (torch.empty(1, 0, dtype=torch.long), {}, "prompt is empty"),
-    ([1, 2], dict(max_new_tokens=-3), "max_new_tokens: Input should be greater than 0"),
-    ([1, 2], dict(max_new_tokens=0), "max_new_tokens"),
-    ([1, 2], dict(temperature=-0.5), "temperature"),
-    ([1, 2], dict(top_p=0.0), "top_p"),
-    ([1, 2], dict(top_p=1.5), "top_p"),
-    ([1, 2], dict(top_k=-1), "top_k"),
-    ([1, 2], dict(temprature=1.0), "unknown option 'temprature'"),
-    ([1, 2000], {}, r"Token id 2000 is not an integer in \[0, 97\)"),
-    ([1, -1], {}, "Token id -1"),
-    (torch.tensor([[1.0, 2.0]]), {}, "integer token ids"),
-    (torch.ones(2, 3, dtype=torch.long), {}, "batch size 2"),
-    ([1, 2], dict(max_new_tokens=10_000), "exceeds the model's context of 512"),
-    ("hello", {}, "tensor or a list of ints"),
-])
+@pytest.mark.parametrize(
+    "ids, kwargs, message",
+    [
+        ([], {}, "prompt is empty"),
+        (torch.empty(1, 0, dtype=torch.long), {}, "prompt is empty"),
+        ([1, 2], dict(max_new_tokens=-3), "max_new_tokens: Input should be greater than 0"),
+        ([1, 2], dict(max_new_tokens=0), "max_new_tokens"),
+        ([1, 2], dict(temperature=-0.5), "temperature"),
+        ([1, 2], dict(top_p=0.0), "top_p"),
+        ([1, 2], dict(top_p=1.5), "top_p"),
+        ([1, 2], dict(top_k=-1), "top_k"),
+        ([1, 2], dict(temprature=1.0), "unknown option 'temprature'"),
+        ([1, 2000], {}, r"Token id 2000 is not an integer in \[0, 97\)"),
+        ([1, -1], {}, "Token id -1"),
+        (torch.tensor([[1.0, 2.0]]), {}, "integer token ids"),
+        (torch.ones(2, 3, dtype=torch.long), {}, "batch size 2"),
+        ([1, 2], dict(max_new_tokens=10_000), "exceeds the model's context of 512"),
+        ("hello", {}, "tensor or a list of ints"),
+    ],
+)
 def test_bad_arguments(decoder, ids, kwargs: dict, message: str) -> None:
     with pytest.raises(InputError, match=message):
         decoder.generate(ids, **kwargs)

@@ -12,11 +12,11 @@ import random
 import pytest
 import torch
 from conftest import make_tiny
+from eesd_early_exit.head import ExitHead
 from transformers import DynamicCache
 
 from eesd_core import SpeculativeDecoder, hookimpl
 from eesd_core.registry import get_manager, reset_manager
-from eesd_early_exit.head import ExitHead
 
 
 class RandomAcceptVerifier:
@@ -71,8 +71,14 @@ def _reference_keys(model, tokens: list[int]) -> list[torch.Tensor]:
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 def test_cache_holds_committed_tokens_after_every_round(family: str, with_test_plugins: None) -> None:
     model = make_tiny(family, 11, layers=5)
-    dec = SpeculativeDecoder(model, drafter="early_exit", drafter_options={"exit_layer": 2},
-                             controller="random_stop", verifier="random_accept", max_draft_tokens=6)
+    dec = SpeculativeDecoder(
+        model,
+        drafter="early_exit",
+        drafter_options={"exit_layer": 2},
+        controller="random_stop",
+        verifier="random_accept",
+        max_draft_tokens=6,
+    )
     dec.drafter.head = ExitHead(dec.adapter, exit_layer=2, num_layers=1)
     ids = torch.tensor([[5, 9, 4, 17]])
     rounds = 0
@@ -97,8 +103,14 @@ def test_cache_holds_committed_tokens_after_every_round(family: str, with_test_p
 
 def test_exit_cache_matches_a_fresh_pass(with_test_plugins: None) -> None:
     model = make_tiny("llama", 12, layers=4)
-    dec = SpeculativeDecoder(model, drafter="early_exit", drafter_options={"exit_layer": 2},
-                             controller="random_stop", verifier="random_accept", max_draft_tokens=5)
+    dec = SpeculativeDecoder(
+        model,
+        drafter="early_exit",
+        drafter_options={"exit_layer": 2},
+        controller="random_stop",
+        verifier="random_accept",
+        max_draft_tokens=5,
+    )
     head = ExitHead(dec.adapter, exit_layer=2, num_layers=1)
     dec.drafter.head = head
     chunks = list(dec.stream(torch.tensor([[3, 8, 6]]), max_new_tokens=60, eos_token_id=[]))
@@ -111,5 +123,9 @@ def test_exit_cache_matches_a_fresh_pass(with_test_plugins: None) -> None:
         h = dec.adapter.run_layers(x, 0, 2, fresh_target, 0)
         fresh_exit = head.new_cache()
         head.hidden(h, 0, fresh_exit, None)
-    torch.testing.assert_close(dec.drafter.exit_cache.keys[0][:, :, :length], fresh_exit.keys[0][:, :, :length],
-                               rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(
+        dec.drafter.exit_cache.keys[0][:, :, :length],
+        fresh_exit.keys[0][:, :, :length],
+        rtol=1e-10,
+        atol=1e-10,
+    )
