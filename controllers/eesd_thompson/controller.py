@@ -32,6 +32,7 @@ class ThompsonController:
         self._survival = 1.0
         self._times: list[float] | None = None
         self._rate = 0.0
+        self._limit = 0
 
     # -- the protocol ---------------------------------------------------------------------------
 
@@ -41,22 +42,21 @@ class ThompsonController:
             self.buckets.reset()
             self.rng.seed(self.options.seed)
         else:
-            self.posterior.decay(self.options.decay)
-            self.buckets.decay(self.options.decay)
+            self.posterior.decay(self.options.decay, self.options.carry)
+            self.buckets.decay(self.options.decay, self.options.carry)
 
     def should_continue(self, step: DraftStep) -> bool:
-        cap = self.options.max_tokens
-        limit = step.max_tokens if cap is None else min(step.max_tokens, cap)
-        if step.index >= limit:
-            return False
         if step.index == 0:
-            self._begin_round(step.costs, limit)
-        elif self.options.resample == "step":
-            self._theta = self.posterior.sample(self.rng)
-            self._cells = {}
+            self._begin_round(step)
+        if step.index >= self._limit:
+            return False
+        if step.index and self.options.resample == "step":
+            self._draw()
         survival = self._advance(step)
-        if self._times is None:
+        if self.options.stop_rule == "bernoulli":
             return self.rng.random() < (self._latest_theta(step) if step.index else self._theta)
+        if self._times is None:
+            return step.index < self._explore_k()
         return draft_on(step.index, survival, self._theta, self._times, self._rate)
 
     def update(self, outcome: RoundOutcome) -> None:
@@ -71,14 +71,33 @@ class ThompsonController:
 
     # -- internals ------------------------------------------------------------------------------
 
-    def _begin_round(self, costs: Costs, limit: int) -> None:
-        """Draw theta for the round and, once costs are known, the rate that prices time."""
+    def _begin_round(self, step: DraftStep) -> None:
+        """Draw theta for the round; once costs are known, price time and cap probing rounds."""
+        cap = self.options.max_tokens
+        self._limit = step.max_tokens if cap is None else min(step.max_tokens, cap)
+        self._survival = 1.0
+        self._times = None
+        if self.options.stop_rule == "cost":
+            self._times = self._round_times(step.costs, self._limit)
+        self._draw()
+        if self._times is not None and self.options.probe_tokens is not None and not self._pays():
+            self._limit = min(self._limit, self.options.probe_tokens)
+
+    def _draw(self) -> None:
         self._theta = self.posterior.sample(self.rng)
         self._cells = {}
-        self._survival = 1.0
-        self._times = self._round_times(costs, limit) if self.options.stop_rule == "cost" else None
         if self._times is not None:
             self._rate = best_rate(self._theta, self._times)
+
+    def _pays(self) -> bool:
+        """Whether drafting pays at the posterior mean: if not, drafting now is a probe."""
+        assert self._times is not None
+        mean = self.posterior.mean
+        return draft_on(0, 1.0, mean, self._times, best_rate(mean, self._times))
+
+    def _explore_k(self) -> int:
+        """Drafts while costs are unknown: one round of one draft, then one plain step."""
+        return 0 if self.kinds_seen - {0} else 1
 
     def _round_times(self, costs: Costs, limit: int) -> list[float] | None:
         """round_time(k) for k = 0 .. limit, or None while the costs rest on a single k."""

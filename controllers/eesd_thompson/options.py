@@ -32,10 +32,15 @@ class ThompsonOptions(PluginOptions):
       every draft (``"step"``).
     - ``alpha0``, ``beta0``: the Beta prior.
     - ``scope``: ``"request"`` resets the posterior at every generation, ``"global"`` carries it
-      across generations, shrinking the evidence by ``decay`` at each start so it keeps adapting.
+      across generations, shrinking the evidence by ``decay`` at each start and to at most
+      ``carry`` observations (``None``: no limit), so that a generation on another kind of text
+      soon outweighs what earlier ones taught.
     - ``signal``, ``edges``: the drafter confidence that Calibration-TS conditions on (``top1`` or
       ``prob`` of the latest draft, or its ``entropy`` in nats) and the increasing bucket edges
       (default per signal).
+    - ``probe_tokens``: with the cost rule, the most drafts of a round that drafts although the
+      posterior mean says drafting does not pay (a probe: one draft already tells whether the
+      drafter is right); ``None`` lets the sampled theta decide alone.
     - ``max_tokens``: an own cap on drafts per round, below the engine's ``max_draft_tokens``.
     - ``seed``: the controller's own random stream; with ``scope="request"`` it restarts at every
       generation, so a generation's decisions depend only on the seed and on what it observes.
@@ -50,8 +55,10 @@ class ThompsonOptions(PluginOptions):
     beta0: float = Field(1.0, gt=0.0, allow_inf_nan=False)
     scope: Literal["request", "global"] = "global"
     decay: float = Field(0.5, gt=0.0, le=1.0)
+    carry: float | None = Field(4.0, ge=0.0)
     signal: Literal["top1", "prob", "entropy"] = "top1"
     edges: tuple[float, ...] | None = None
+    probe_tokens: int | None = Field(1, ge=1)
     max_tokens: int | None = Field(None, ge=0)
     seed: int = 0
 

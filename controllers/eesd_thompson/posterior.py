@@ -23,7 +23,11 @@ class Beta:
     def reset(self) -> None:
         self.alpha, self.beta = self.alpha0, self.beta0
 
-    def decay(self, factor: float) -> None:
+    def decay(self, factor: float, cap: float | None = None) -> None:
+        """Shrink the evidence by ``factor``, then to at most ``cap`` observations."""
+        evidence = (self.alpha - self.alpha0) + (self.beta - self.beta0)
+        if cap is not None and factor * evidence > cap:
+            factor = cap / evidence
         self.alpha = self.alpha0 + factor * (self.alpha - self.alpha0)
         self.beta = self.beta0 + factor * (self.beta - self.beta0)
 
@@ -53,9 +57,9 @@ class Buckets:
         for cell in self.cells:
             cell.reset()
 
-    def decay(self, factor: float) -> None:
+    def decay(self, factor: float, cap: float | None = None) -> None:
         for cell in self.cells:
-            cell.decay(factor)
+            cell.decay(factor, cap)
 
     def observe_round(self, values: Sequence[float], accepted: int) -> None:
         """Accepted drafts are successes, the first rejected one a failure; later ones censored."""

@@ -1,0 +1,356 @@
+"""Record what a drafter would propose at every position, then replay controllers offline.
+
+At temperature 0 a greedy drafter's k-th draft does not depend on how many drafts the round will
+have, so drafting ``K`` tokens at a position tells what any k <= K would have had accepted:
+min(k, a) where a is the accepted prefix of the K drafts. :func:`record_trace` therefore decodes
+with K drafts per round but commits a single token per round (the target's own, so the output is
+still the target's greedy text): every position t of the output gets its drafts' confidences and
+their accepted prefix a_t. Costs are measured in a second short run that cycles k through
+0 .. K, and kept as the medians of the observed times.
+
+:func:`replay` then runs any controller against a :class:`Trace`: it hands the controller the
+recorded :class:`DraftStep` s, commits min(k, a_t) + 1 tokens, charges the modelled round time and
+moves on, exactly as the engine would. :func:`oracle_time` is the per-round ideal (dynamic
+programming over positions) and :func:`compare_controllers` tabulates controllers against it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from eesd_core.config import validate
+from eesd_core.costs import CostTracker
+from eesd_core.errors import InputError
+from eesd_core.protocols import Controller, Costs, DraftStep, Request, RoundOutcome, SamplingParams
+
+# -- the record ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Position:
+    """Drafts proposed at one output position: their confidences and accepted prefix length."""
+
+    accepted: int
+    top1: tuple[float, ...]
+    prob: tuple[float, ...]
+    entropy: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Measured seconds: ``verify[m - 1]`` is one target pass over m = k + 1 positions."""
+
+    draft_step: float
+    propose_base: float
+    verify: tuple[float, ...]
+
+    def round_time(self, k: int) -> float:
+        return self.propose_base + k * self.draft_step + self.verify[k]
+
+    @property
+    def plain_step(self) -> float:
+        return self.round_time(0)
+
+    def as_costs(self) -> Costs:
+        verify = self.verify
+
+        def verify_time(m: int) -> float | None:
+            return verify[m - 1] if 0 < m <= len(verify) else None
+
+        return Costs(self.draft_step, self.propose_base, verify_time)
+
+
+@dataclass(frozen=True)
+class PromptTrace:
+    prompt_length: int
+    tokens: tuple[int, ...]
+    positions: tuple[Position, ...]
+
+
+@dataclass(frozen=True)
+class Trace:
+    """One decoder's positions for several prompts, plus the costs they are replayed with."""
+
+    max_k: int
+    costs: CostModel
+    prompts: tuple[PromptTrace, ...]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Trace:
+        costs = data["costs"]
+        prompts = tuple(
+            PromptTrace(p["prompt_length"], tuple(p["tokens"]), tuple(_position(q) for q in p["positions"]))
+            for p in data["prompts"]
+        )
+        cost_model = CostModel(costs["draft_step"], costs["propose_base"], tuple(costs["verify"]))
+        return cls(data["max_k"], cost_model, prompts, dict(data.get("meta", {})))
+
+
+def _position(data: Mapping[str, Any]) -> Position:
+    return Position(data["accepted"], tuple(data["top1"]), tuple(data["prob"]), tuple(data["entropy"]))
+
+
+# -- recording -------------------------------------------------------------------------------------
+
+
+class _Recorder:
+    """Controller that drafts as much as allowed (or cycles k) and keeps every round's outcome."""
+
+    def __init__(self, cycle: int | None = None) -> None:
+        self.cycle = cycle
+        self.outcomes: list[RoundOutcome] = []
+
+    def start(self, request: Request) -> None:
+        pass
+
+    def should_continue(self, step: DraftStep) -> bool:
+        if self.cycle is None:
+            return True
+        return step.index < len(self.outcomes) % (self.cycle + 1)
+
+    def update(self, outcome: RoundOutcome) -> None:
+        self.outcomes.append(outcome)
+
+
+class _OneToken:
+    """Verifier that notes how many drafts the real one accepts, then commits one target token."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.accepted: list[int] = []
+
+    def verify(self, draft_tokens: Any, q: Any, p: Any, rng: Any) -> tuple[int, int]:
+        self.accepted.append(self.inner.verify(draft_tokens, q, p, rng)[0])
+        return self.inner.verify(draft_tokens[:0], None, p[:1], rng)
+
+
+def _swapped(decoder: Any, controller: Any, run: Callable[[], Any]) -> tuple[Any, _OneToken]:
+    """``run()`` with the decoder's controller and verifier temporarily replaced."""
+    saved = decoder.controller, decoder.verifier
+    verifier = _OneToken(decoder.verifier)
+    decoder.controller, decoder.verifier = controller, verifier
+    try:
+        return run(), verifier
+    finally:
+        decoder.controller, decoder.verifier = saved
+
+
+def record_prompt(decoder: Any, prompt: Sequence[int], max_new_tokens: int) -> PromptTrace:
+    """The positions of one greedy generation; ``decoder`` must have a greedy-capable drafter."""
+    if decoder.drafter is None:
+        raise InputError("A trace needs a decoder with a drafter; this one decodes plainly.")
+    recorder = _Recorder()
+    def run() -> Any:
+        return decoder.generate(list(prompt), max_new_tokens=max_new_tokens, temperature=0.0)
+
+    result, verifier = _swapped(decoder, recorder, run)
+    positions = tuple(
+        Position(n, o.top1, o.probs, o.entropies)
+        for n, o in zip(verifier.accepted, recorder.outcomes, strict=True)
+    )
+    tokens = tuple(result.sequences[0, len(prompt) :].tolist())
+    return PromptTrace(len(prompt), tokens, positions[: len(tokens)])
+
+
+def measure_costs(decoder: Any, prompt: Sequence[int], cycles: int = 4) -> CostModel:
+    """Median propose and verify times per k over ``cycles`` rounds of each k = 0 .. K.
+
+    The first cycle warms up and is left out. ``draft_step`` is the least-squares slope of the
+    proposal time over k, ``propose_base`` its time at k = 0.
+    """
+    k_max = decoder.config.max_draft_tokens
+    recorder = _Recorder(cycle=k_max)
+    rounds = (cycles + 1) * (k_max + 1)
+    _swapped(decoder, recorder, lambda: decoder.generate(list(prompt), max_new_tokens=rounds + k_max + 1,
+                                                          temperature=0.0, eos_token_id=[]))
+    kept = recorder.outcomes[k_max + 1 : rounds]
+    propose = [statistics.median(o.draft_time for o in kept if o.drafted == k) for k in range(k_max + 1)]
+    verify = [statistics.median(o.verify_time for o in kept if o.drafted == k) for k in range(k_max + 1)]
+    mean_k = k_max / 2
+    mean_p = statistics.fmean(propose)
+    slope = sum((k - mean_k) * (t - mean_p) for k, t in enumerate(propose)) / sum(
+        (k - mean_k) ** 2 for k in range(k_max + 1)
+    )
+    return CostModel(max(slope, 0.0), propose[0], tuple(verify))
+
+
+def record_trace(decoder: Any, prompts: Iterable[Sequence[int]], max_new_tokens: int = 64) -> Trace:
+    """Costs from the first prompt, then the positions of every prompt (see the module docstring)."""
+    prompts = [list(p) for p in prompts]
+    if not prompts:
+        raise InputError("record_trace needs at least one prompt.")
+    costs = measure_costs(decoder, prompts[0])
+    traces = tuple(record_prompt(decoder, p, max_new_tokens) for p in prompts)
+    return Trace(decoder.config.max_draft_tokens, costs, traces, {"drafter": decoder.config.drafter})
+
+
+# -- replay ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class ReplayResult:
+    """Totals of a replay; ``time`` is modelled seconds."""
+
+    tokens: int = 0
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    time: float = 0.0
+
+    @property
+    def time_per_token(self) -> float:
+        return self.time / self.tokens if self.tokens else 0.0
+
+    @property
+    def mean_accepted_tokens(self) -> float:
+        """Tokens committed per target pass (1.0 for plain decoding)."""
+        return self.tokens / self.rounds if self.rounds else 0.0
+
+
+def replay(trace: Trace, controller: Controller, learn_costs: bool = True) -> ReplayResult:
+    """Run ``controller`` over every prompt of ``trace`` as the engine would, in modelled time.
+
+    With ``learn_costs`` the controller sees costs the way a fresh decoder measures them (nothing
+    until observed, then the modelled times of the rounds it ran); otherwise the full cost model.
+    """
+    tracker = CostTracker(trace.max_k, smoothing=1.0)
+    fixed = trace.costs.as_costs()
+    result = ReplayResult()
+    for prompt in trace.prompts:
+        costs = tracker.snapshot() if learn_costs else fixed
+        n_tokens = len(prompt.tokens)
+        request = Request(prompt.prompt_length, n_tokens, trace.max_k, SamplingParams(), costs)
+        controller.start(request)
+        t = 0
+        while t < n_tokens:
+            costs = tracker.snapshot() if learn_costs else fixed
+            k, n = _round(controller, prompt.positions[t], costs, trace.costs)
+            propose = trace.costs.propose_base + k * trace.costs.draft_step
+            tracker.observe(k, propose, trace.costs.verify[k])
+            committed = min(n + 1, n_tokens - t)
+            result.tokens += committed
+            result.rounds += 1
+            result.drafted += k
+            result.accepted += n
+            result.time += trace.costs.round_time(k)
+            t += committed
+    return result
+
+
+def _round(controller: Controller, pos: Position, costs: Costs, model: CostModel) -> tuple[int, int]:
+    """One round at a recorded position: (k drafted, n accepted), after the controller's update."""
+    limit = len(pos.top1)
+    k = 0
+    step = DraftStep(0, limit, costs)
+    while k < limit and controller.should_continue(step):
+        k += 1
+        step = DraftStep(k, limit, costs, None, pos.prob[k - 1], pos.top1[k - 1], pos.entropy[k - 1])
+    n = min(k, pos.accepted)
+    propose = model.propose_base + k * model.draft_step
+    controller.update(RoundOutcome(k, n, pos.prob[:k], pos.top1[:k], pos.entropy[:k],
+                                   propose, model.verify[k], costs))
+    return k, n
+
+
+# -- oracles and comparison ------------------------------------------------------------------------
+
+
+def oracle_time(trace: Trace) -> float:
+    """Least modelled time per token: the best k chosen at every round, in hindsight."""
+    total, tokens = 0.0, 0
+    for prompt in trace.prompts:
+        n_tokens = len(prompt.tokens)
+        best = [0.0] * (n_tokens + 1)
+        for t in range(n_tokens - 1, -1, -1):
+            pos = prompt.positions[t]
+            best[t] = min(
+                trace.costs.round_time(k) + best[min(n_tokens, t + min(k, pos.accepted) + 1)]
+                for k in range(len(pos.top1) + 1)
+            )
+        total += best[0]
+        tokens += n_tokens
+    return total / tokens if tokens else 0.0
+
+
+def fixed_time(trace: Trace, k: int) -> float:
+    """Modelled time per token of drafting k tokens every round (fewer where fewer were recorded)."""
+    total, tokens = 0.0, 0
+    for prompt in trace.prompts:
+        n_tokens, t = len(prompt.tokens), 0
+        while t < n_tokens:
+            pos = prompt.positions[t]
+            drafted = min(k, len(pos.top1))
+            total += trace.costs.round_time(drafted)
+            t += min(drafted, pos.accepted) + 1
+        tokens += n_tokens
+    return total / tokens if tokens else 0.0
+
+
+def best_fixed(trace: Trace) -> tuple[int, float]:
+    """The fixed k with the least modelled time per token, and that time."""
+    times = [fixed_time(trace, k) for k in range(trace.max_k + 1)]
+    k = min(range(len(times)), key=times.__getitem__)
+    return k, times[k]
+
+
+ControllerSpec = Callable[[], Controller] | tuple[str, Mapping[str, Any]]
+
+
+def build_controller(spec: ControllerSpec) -> Controller:
+    """A fresh controller from a zero-argument factory or a registered (name, options) pair."""
+    if callable(spec):
+        return spec()
+    from eesd_core.registry import get_manager
+
+    name, options = spec
+    entry = get_manager().registry("controller").get(name)
+    if entry.options is None:
+        return entry.factory()
+    return entry.factory(validate(entry.options, dict(options), f"controller options for {name!r}"))
+
+
+def compare_controllers(trace: Trace, controllers: Mapping[str, ControllerSpec]) -> list[dict[str, Any]]:
+    """One row per controller, plus plain decoding, the best fixed k and the per-round oracle.
+
+    Columns: ``mean_accepted_tokens`` (per target pass), ``acceptance`` (accepted / drafted),
+    ``time_per_token`` (modelled seconds), ``speedup`` (vs plain decoding) and ``vs_oracle``
+    (time per token over the oracle's; 1.0 is ideal).
+    """
+    oracle = oracle_time(trace)
+    plain = trace.costs.plain_step
+    k, fixed_time = best_fixed(trace)
+
+    def row(name: str, tpt: float, result: ReplayResult | None = None) -> dict[str, Any]:
+        return {
+            "controller": name,
+            "mean_accepted_tokens": result.mean_accepted_tokens if result else None,
+            "acceptance": result.accepted / result.drafted if result and result.drafted else None,
+            "time_per_token": tpt,
+            "speedup": plain / tpt if tpt else None,
+            "vs_oracle": tpt / oracle if oracle else None,
+        }
+
+    rows = [row("plain", plain), row(f"best fixed k={k}", fixed_time), row("oracle per round", oracle)]
+    for name, spec in controllers.items():
+        result = replay(trace, build_controller(spec))
+        rows.append(row(name, result.time_per_token, result))
+    return rows
+
+
+def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    """A plain-text table of :func:`compare_controllers` rows."""
+    header = ("controller", "tokens/pass", "accept", "ms/token", "speedup", "vs oracle")
+    lines = ["{:<24} {:>11} {:>7} {:>9} {:>8} {:>10}".format(*header)]
+    for r in rows:
+        mat, acc = r["mean_accepted_tokens"], r["acceptance"]
+        lines.append("{:<24} {:>11} {:>7} {:>9.3f} {:>8.3f} {:>10.3f}".format(
+            r["controller"], "-" if mat is None else f"{mat:.2f}", "-" if acc is None else f"{acc:.2f}",
+            1000 * r["time_per_token"], r["speedup"], r["vs_oracle"]))
+    return "\n".join(lines)
