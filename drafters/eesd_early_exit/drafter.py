@@ -21,16 +21,17 @@ from eesd_core.errors import ConfigError
 from eesd_core.protocols import DraftContext, DraftStep, ModelAdapter, Proposal
 from eesd_core.sampling import check_finite, confidence, process_logits
 from eesd_early_exit.head import UntrainedHead
-from eesd_early_exit.headfile import load_head, read_metadata
+from eesd_early_exit.headfile import find_shipped_head, load_head, read_metadata
 
 
 class EarlyExitOptions(PluginOptions):
     """``exit_layer``: N, the number of target layers the drafter runs (default: the head's, or
-    a quarter of the layers for the untrained head). ``head``: a head file, or ``None`` for the
-    target's own norm and LM head on layer N."""
+    a quarter of the layers for the untrained head). ``head``: a head file; ``None`` for the
+    target's own norm and LM head on layer N; ``"auto"`` (default) for the head shipped with eesd
+    for this exact target if there is one, else ``None``."""
 
     exit_layer: int | None = None
-    head: str | Path | None = None
+    head: str | Path | None = "auto"
 
     @field_validator("exit_layer")
     @classmethod
@@ -52,8 +53,15 @@ class EarlyExitDrafter:
     def attach(self, adapter: ModelAdapter) -> None:
         self.adapter = adapter
         exit_layer = self.options.exit_layer
-        if self.options.head is not None:
-            head_layer = int(read_metadata(self.options.head)["exit_layer"])
+        head_path = self.options.head
+        if head_path == "auto":
+            head_path = find_shipped_head(adapter)
+            if head_path is not None and exit_layer is not None:
+                if int(read_metadata(head_path)["exit_layer"]) != exit_layer:
+                    head_path = None
+        self.head_path = head_path
+        if head_path is not None:
+            head_layer = int(read_metadata(head_path)["exit_layer"])
             if exit_layer is not None and exit_layer != head_layer:
                 raise ConfigError(
                     f"exit_layer={exit_layer} but the head file was distilled at layer {head_layer}: "
@@ -68,10 +76,10 @@ class EarlyExitDrafter:
                 f"choose 1 <= exit_layer <= {adapter.num_layers - 1}."
             )
         self.shared_layers = exit_layer
-        if self.options.head is None:
+        if head_path is None:
             self.head = UntrainedHead(adapter, exit_layer)
         else:
-            self.head = load_head(self.options.head, adapter)
+            self.head = load_head(head_path, adapter)
 
     def prefill(self, cache: KVCache, tokens: torch.Tensor, hidden: torch.Tensor | None) -> None:
         self.exit_cache = self.head.new_cache()

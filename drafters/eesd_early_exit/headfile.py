@@ -27,15 +27,39 @@ FORMAT = "eesd-exit-head"
 FORMAT_VERSION = 1
 
 
+SHIPPED_HEADS = Path(__file__).parent / "heads"
+
+
 def fingerprint(model: torch.nn.Module) -> str:
-    """A stable hash of a model's weights: names, shapes and a strided sample of values."""
+    """A stable hash of a model's weights: names, shapes and a strided sample of values.
+
+    Values are hashed as bfloat16 bits, so a float32 checkpoint and its bfloat16 copy share a
+    fingerprint (a head distilled on one fits the other) while any other model does not.
+    """
     digest = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):
+        if not tensor.is_floating_point():
+            continue
         flat = tensor.detach().reshape(-1)
-        sample = flat[:: max(1, flat.numel() // 4096)][:4096].to(torch.float32)
+        sample = flat[:: max(1, flat.numel() // 1024)][:1024].to(torch.bfloat16)
         digest.update(f"{name}:{tuple(tensor.shape)}:".encode())
-        digest.update(sample.cpu().numpy().round(4).tobytes())
+        digest.update(sample.view(torch.int16).cpu().numpy().tobytes())
     return digest.hexdigest()[:32]
+
+
+def find_shipped_head(adapter: ModelAdapter) -> Path | None:
+    """The head shipped with eesd for this exact target, if there is one."""
+    if not SHIPPED_HEADS.is_dir():
+        return None
+    expected = describe_target(adapter)
+    for path in sorted(SHIPPED_HEADS.glob("*.safetensors")):
+        try:
+            metadata = read_metadata(path)
+        except HeadError:
+            continue
+        if all(metadata.get(key) == value for key, value in expected.items()):
+            return path
+    return None
 
 
 def describe_target(adapter: ModelAdapter) -> dict[str, str]:
