@@ -4,8 +4,9 @@ Each round it draws theta from the posterior over "a draft is accepted", then ei
 chi ~ Bernoulli(theta) before every draft (the paper's rule) or, by default, weighs the expected
 tokens against the measured cost of drafting and verifying (:mod:`eesd_thompson.rule`), so that a
 drafter that is rarely right ends up decoding plainly and is only probed when a posterior draw
-says drafting might pay. Calibration-TS replaces theta for the drafts already made by the
-posterior of their confidence bucket.
+says drafting might pay; when the measured costs say drafting could never pay, it still probes ever
+more rarely, in case a noisy first measurement overstated them. Calibration-TS replaces theta for
+the drafts already made by the posterior of their confidence bucket.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import random
 from eesd_core.protocols import Costs, DraftStep, Request, RoundOutcome
 from eesd_thompson.options import ThompsonOptions
 from eesd_thompson.posterior import Beta, Buckets
-from eesd_thompson.rule import best_rate, draft_on
+from eesd_thompson.rule import best_rate, draft_on, round_times
 
 
 class ThompsonController:
@@ -27,6 +28,7 @@ class ThompsonController:
         self.posterior = Beta(o.alpha0, o.beta0)
         self.buckets = Buckets(o.edges or (), o.alpha0, o.beta0)
         self.kinds_seen: set[int] = set()
+        self.rounds = 0
         self._theta = 0.5
         self._cells: dict[int, float] = {}
         self._survival = 1.0
@@ -57,9 +59,15 @@ class ThompsonController:
             return self.rng.random() < (self._latest_theta(step) if step.index else self._theta)
         if self._times is None:
             return step.index < self._explore_k()
-        return draft_on(step.index, survival, self._theta, self._times, self._rate)
+        if draft_on(step.index, survival, self._theta, self._times, self._rate):
+            return True
+        if step.index == 0 and self._locked_out() and self._lucky(self.options.explore / (1 + self.rounds)):
+            self._limit = 1
+            return True
+        return False
 
     def update(self, outcome: RoundOutcome) -> None:
+        self.rounds += 1
         self.kinds_seen.add(outcome.drafted)
         k, n = outcome.drafted, outcome.accepted
         if k == 0:
@@ -95,6 +103,14 @@ class ThompsonController:
         mean = self.posterior.mean
         return draft_on(0, 1.0, mean, self._times, best_rate(mean, self._times))
 
+    def _lucky(self, chance: float) -> bool:
+        return self.rng.random() < chance
+
+    def _locked_out(self) -> bool:
+        """Whether the measured costs say drafting could not pay even if every draft were accepted."""
+        assert self._times is not None
+        return not draft_on(0, 1.0, 1.0, self._times, best_rate(1.0, self._times))
+
     def _explore_k(self) -> int:
         """Drafts while costs are unknown: one round of one draft, then one plain step."""
         return 0 if self.kinds_seen - {0} else 1
@@ -103,10 +119,7 @@ class ThompsonController:
         """round_time(k) for k = 0 .. limit, or None while the costs rest on a single k."""
         if len(self.kinds_seen) < 2:
             return None
-        times = [costs.round_time(k) for k in range(limit + 1)]
-        if any(t is None or t <= 0 for t in times):
-            return None
-        return times  # type: ignore[return-value]
+        return round_times(costs, limit, self.kinds_seen)
 
     def _advance(self, step: DraftStep) -> float:
         """Probability that every draft so far is accepted, under this round's draws."""
@@ -120,7 +133,7 @@ class ThompsonController:
             return self._theta
         cell = self.buckets.index(self._signal(step))
         if cell not in self._cells:
-            self._cells[cell] = self.buckets.cells[cell].sample(self.rng)
+            self._cells[cell] = self.buckets.cells[cell].sample(self.rng, self.posterior.mean)
         return self._cells[cell]
 
     def _signal(self, step: DraftStep) -> float:

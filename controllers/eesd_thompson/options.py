@@ -41,24 +41,29 @@ class ThompsonOptions(PluginOptions):
     - ``probe_tokens``: with the cost rule, the most drafts of a round that drafts although the
       posterior mean says drafting does not pay (a probe: one draft already tells whether the
       drafter is right); ``None`` lets the sampled theta decide alone.
+    - ``explore``: with the cost rule, when the measured costs say drafting could not pay even if
+      every draft were accepted, the chance of a one-draft probe is ``explore / (1 + rounds so
+      far)``: about ``explore * ln(rounds)`` probes in all, enough to re-measure costs that a noisy
+      first measurement overstated.
     - ``max_tokens``: an own cap on drafts per round, below the engine's ``max_draft_tokens``.
     - ``seed``: the controller's own random stream; with ``scope="request"`` it restarts at every
       generation, so a generation's decisions depend only on the seed and on what it observes.
       The stream decides only speed, never output: the verifier keeps decoding lossless.
     """
 
-    variant: Literal["beta", "calibration"] = "beta"
+    variant: Literal["beta", "calibration"] = "calibration"
     stop_rule: Literal["cost", "bernoulli"] = "cost"
     failures: Literal["first", "all"] = "first"
     resample: Literal["round", "step"] = "round"
     alpha0: float = Field(1.0, gt=0.0, allow_inf_nan=False)
     beta0: float = Field(1.0, gt=0.0, allow_inf_nan=False)
     scope: Literal["request", "global"] = "global"
-    decay: float = Field(0.5, gt=0.0, le=1.0)
+    decay: float = Field(0.9, gt=0.0, le=1.0)
     carry: float | None = Field(4.0, ge=0.0)
     signal: Literal["top1", "prob", "entropy"] = "top1"
     edges: tuple[float, ...] | None = None
     probe_tokens: int | None = Field(1, ge=1)
+    explore: float = Field(0.3, ge=0.0, le=1.0)
     max_tokens: int | None = Field(None, ge=0)
     seed: int = 0
 

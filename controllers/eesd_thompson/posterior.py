@@ -35,8 +35,13 @@ class Beta:
         self.alpha += successes
         self.beta += failures
 
-    def sample(self, rng: random.Random) -> float:
-        return rng.betavariate(self.alpha, self.beta)
+    def sample(self, rng: random.Random, center: float | None = None) -> float:
+        """A draw of theta; with ``center``, the prior is moved to that mean, keeping its weight."""
+        if center is None:
+            return rng.betavariate(self.alpha, self.beta)
+        weight = self.alpha0 + self.beta0
+        return rng.betavariate(self.alpha - self.alpha0 + weight * center,
+                               self.beta - self.beta0 + weight * (1 - center))
 
     @property
     def mean(self) -> float:
@@ -44,7 +49,11 @@ class Beta:
 
 
 class Buckets:
-    """One Beta per confidence bucket: bucket b holds values in [edges[b-1], edges[b])."""
+    """One Beta per confidence bucket: bucket b holds values in [edges[b-1], edges[b]).
+
+    A bucket that saw few drafts should say what drafts say overall, not what the prior says, so
+    the controller draws from each bucket with its prior centred on the overall posterior mean.
+    """
 
     def __init__(self, edges: Sequence[float], alpha0: float, beta0: float) -> None:
         self.edges = tuple(edges)

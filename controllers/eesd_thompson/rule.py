@@ -7,11 +7,19 @@ time; k = 0 (plain decoding) is always a candidate, so lambda >= 1 / plain_step.
 tokens that all survive with probability s, drafting on to k > i adds s * (theta + ... +
 theta^(k-i)) expected tokens for round_time(k) - round_time(i) more seconds; the rule drafts on
 while some k makes that trade better than lambda.
+
+Round times come from the engine's measurements. For a k never tried, the engine extrapolates a
+line through what it measured, which on a CPU (where verifying two positions costs much more than
+one, and eight barely more than two) would make long rounds look prohibitive forever; so beyond the
+longest round tried, verification is assumed to cost no more than there, optimistically, until a
+longer round measures it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+
+from eesd_core.protocols import Costs
 
 
 def expected_tokens(theta: float, k: int) -> float:
@@ -32,3 +40,17 @@ def draft_on(index: int, survival: float, theta: float, times: Sequence[float], 
         if gain > rate * (times[k] - times[index]):
             return True
     return False
+
+
+def round_times(costs: Costs, limit: int, tried: Iterable[int]) -> list[float] | None:
+    """round_time(k) for k = 0 .. limit, flat in verification beyond the longest round tried;
+    None while some cost is unknown."""
+    times = [costs.round_time(k) for k in range(limit + 1)]
+    if any(t is None or t <= 0 for t in times) or costs.draft_step is None:
+        return None
+    longest = max(tried, default=0)
+    if longest < limit:
+        base = times[longest]
+        for k in range(longest + 1, limit + 1):
+            times[k] = min(times[k], base + (k - longest) * costs.draft_step)  # type: ignore[operator]
+    return times  # type: ignore[return-value]

@@ -4,6 +4,7 @@ trace checked against what the engine really does."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from eesd_baselines import FixedK, FixedOptions
@@ -157,3 +158,15 @@ def test_replay_matches_the_engine(recorded, k):
         rounds, drafted, accepted = rounds + stats.rounds, drafted + stats.drafted, accepted + stats.accepted
     result = replay(trace, FixedK(FixedOptions(k=k)))
     assert (result.rounds, result.drafted, result.accepted) == (rounds, drafted, accepted)
+
+
+SMOLLM2 = Path(__file__).parent / "data" / "smollm2_exit6_trace.json"
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_default_thompson_keeps_plain_speed_on_a_recorded_smollm2_trace(seed):
+    """SmolLM2-135M drafting from layer 6 of 30 with its own LM head: drafts are almost never right
+    and a draft step costs a third of a forward pass on a CPU, so plain decoding is the best policy."""
+    trace = Trace.from_dict(json.loads(SMOLLM2.read_text()))
+    result = replay(trace, build_controller(("thompson", {"seed": seed})))
+    assert result.time_per_token <= 1.03 * trace.costs.plain_step
