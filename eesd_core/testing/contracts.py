@@ -1,0 +1,204 @@
+"""Contract tests every drafter, controller and verifier inherits: one fixture proves it lossless.
+
+A plug-in's test suite subclasses a contract and provides one fixture returning a zero-argument
+factory of fresh instances::
+
+    from eesd_core.testing import ControllerContract
+
+    class TestMyController(ControllerContract):
+        @pytest.fixture
+        def make_controller(self):
+            return lambda: MyController(MyOptions())
+
+The inherited tests run the real engine on random toy targets (:mod:`eesd_core.testing.toy`) and
+compare the exact distribution of its output with plain sampling (:mod:`eesd_core.testing.oracles`),
+check greedy decoding token for token, and check the bounds every round must keep. The number of
+examples follows the Hypothesis profile (``EESD_HYPOTHESIS_PROFILE``), scaled from its
+``max_examples``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from eesd_core.protocols import Controller, Drafter, Verifier
+from eesd_core.testing import strategies as es
+from eesd_core.testing.checks import (
+    check_bounds,
+    check_exact_match,
+    check_greedy,
+    check_lossless,
+    check_round,
+)
+from eesd_core.testing.kit import TOY, Setup
+
+
+def examples(n: int) -> Any:
+    """Settings for a test worth ``n`` examples under the default profile (100 examples).
+
+    The factory fixtures are stateless and the contracts use no per-example setup, so the health
+    checks against function-scoped fixtures and against one test run by several classes do not apply.
+    """
+    scaled = max(1, n * settings.default.max_examples // 100)
+    quiet = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.differing_executors]
+    return settings(max_examples=scaled, suppress_health_check=quiet)
+
+
+_SMALL_MODELS = es.toy_models(vocab_sizes=st.integers(2, 3), windows=st.integers(0, 1))
+_DRAFTERS = st.sampled_from([(TOY, {}), (TOY, {"deterministic": True}), ("early_exit", {})])
+
+
+class ControllerContract:
+    """Tests for a controller; provide ``make_controller`` (a fixture returning a factory)."""
+
+    plugin_kind = "controller"
+
+    def test_is_a_controller(self, make_controller: Any) -> None:
+        assert isinstance(make_controller(), Controller)
+
+    @examples(30)
+    @given(
+        request=es.requests(),
+        steps=st.lists(es.draft_steps(), max_size=6),
+        outcomes=st.lists(es.round_outcomes(), max_size=3),
+    )
+    def test_any_step_gets_a_bool(
+        self, make_controller: Any, request: Any, steps: Any, outcomes: Any
+    ) -> None:
+        controller = make_controller()
+        controller.start(request)
+        for outcome in [None, *outcomes]:
+            if outcome is not None:
+                controller.update(outcome)
+            for step in steps:
+                decision = controller.should_continue(step)
+                assert decision is True or decision is False or type(decision).__name__ == "bool_", decision
+
+    @examples(20)
+    @given(model=_SMALL_MODELS, sampling=es.sampling_params(greedy=False), drafter=_DRAFTERS, data=st.data())
+    def test_lossless(self, make_controller: Any, model: Any, sampling: Any, drafter: Any, data: Any) -> None:
+        name, options = drafter
+        setup = Setup(
+            model, drafter=name, drafter_options=options, controller=make_controller, max_draft_tokens=2
+        )
+        check_lossless(setup, data.draw(es.prompts(model.vocab_size, 2)), 3, sampling)
+
+    @examples(15)
+    @given(model=es.toy_models(vocab_sizes=st.integers(2, 4)), drafter=_DRAFTERS, data=st.data())
+    def test_greedy_is_the_targets(self, make_controller: Any, model: Any, drafter: Any, data: Any) -> None:
+        name, options = drafter
+        setup = Setup(
+            model, drafter=name, drafter_options=options, controller=make_controller, max_draft_tokens=4
+        )
+        check_greedy(setup, data.draw(es.prompts(model.vocab_size)), data.draw(st.integers(1, 8)))
+
+    @examples(10)
+    @given(model=es.toy_models(), sampling=es.sampling_params(), cap=st.integers(1, 5), data=st.data())
+    def test_bounds_hold(self, make_controller: Any, model: Any, sampling: Any, cap: int, data: Any) -> None:
+        setup = Setup(model, controller=make_controller, max_draft_tokens=cap)
+        prompt = data.draw(es.prompts(model.vocab_size))
+        check_bounds(
+            setup, prompt, data.draw(st.integers(1, 12)), sampling, seed=data.draw(st.integers(0, 99))
+        )
+
+
+class DrafterContract:
+    """Tests for a drafter on toy targets; provide ``make_drafter`` (a fixture returning a factory).
+
+    The drafter must draft for :class:`~eesd_core.testing.toy.ToyModel` targets through their
+    adapter, as it would for any model; toy targets here have ``num_layers`` from ``toy_layers``.
+    """
+
+    plugin_kind = "drafter"
+    toy_layers = st.integers(3, 4)
+
+    def test_is_a_drafter(self, make_drafter: Any) -> None:
+        drafter = make_drafter()
+        assert isinstance(drafter, Drafter)
+
+    @examples(20)
+    @given(data=st.data(), sampling=es.sampling_params(greedy=False), controller=es.erratic_controllers())
+    def test_lossless(self, make_drafter: Any, data: Any, sampling: Any, controller: Any) -> None:
+        model = data.draw(es.toy_models(num_layers=self.toy_layers))
+        setup = Setup(model, drafter=make_drafter, controller=lambda: replace(controller), max_draft_tokens=2)
+        check_lossless(setup, data.draw(es.prompts(model.vocab_size, 2)), 3, sampling)
+
+    @examples(15)
+    @given(data=st.data(), controller=es.erratic_controllers())
+    def test_greedy_is_the_targets(self, make_drafter: Any, data: Any, controller: Any) -> None:
+        model = data.draw(es.toy_models(vocab_sizes=st.integers(2, 4), num_layers=self.toy_layers))
+        setup = Setup(model, drafter=make_drafter, controller=lambda: replace(controller), max_draft_tokens=4)
+        check_greedy(setup, data.draw(es.prompts(model.vocab_size)), data.draw(st.integers(1, 8)))
+
+    @examples(10)
+    @given(
+        data=st.data(),
+        sampling=es.sampling_params(),
+        cap=st.integers(1, 5),
+        controller=es.erratic_controllers(),
+    )
+    def test_bounds_hold(
+        self, make_drafter: Any, data: Any, sampling: Any, cap: int, controller: Any
+    ) -> None:
+        model = data.draw(es.toy_models(num_layers=self.toy_layers))
+        setup = Setup(
+            model, drafter=make_drafter, controller=lambda: replace(controller), max_draft_tokens=cap
+        )
+        prompt = data.draw(es.prompts(model.vocab_size))
+        check_bounds(
+            setup, prompt, data.draw(st.integers(1, 12)), sampling, seed=data.draw(st.integers(0, 99))
+        )
+
+
+class VerifierContract:
+    """Tests for a verifier; provide ``make_verifier`` (a fixture returning a factory).
+
+    Probabilities handed to ``rng.bernoulli`` must lie in [0, 1]; the kit's random sources refuse
+    anything else.
+    """
+
+    plugin_kind = "verifier"
+
+    def test_is_a_verifier(self, make_verifier: Any) -> None:
+        assert isinstance(make_verifier(), Verifier)
+
+    @examples(40)
+    @given(
+        model=es.toy_models(windows=st.integers(1, 2)),
+        sampling=es.sampling_params(greedy=False),
+        k=st.integers(0, 3),
+        deterministic=st.booleans(),
+        data=st.data(),
+    )
+    def test_one_round_is_lossless(
+        self, make_verifier: Any, model: Any, sampling: Any, k: int, deterministic: bool, data: Any
+    ) -> None:
+        prompt = data.draw(es.prompts(model.vocab_size, 2))
+        check_round(make_verifier(), model, prompt, k, sampling, deterministic)
+
+    @examples(40)
+    @given(vocab=st.integers(2, 5), data=st.data())
+    def test_greedy_is_exact_match(self, make_verifier: Any, vocab: int, data: Any) -> None:
+        k = data.draw(st.integers(0, 4))
+        p = data.draw(es.one_hot_matrices(k + 1, vocab))
+        drafts = data.draw(st.lists(st.integers(0, vocab - 1), min_size=k, max_size=k))
+        check_exact_match(make_verifier(), drafts, p)
+
+    @examples(20)
+    @given(
+        model=_SMALL_MODELS,
+        sampling=es.sampling_params(greedy=False),
+        controller=es.erratic_controllers(),
+        data=st.data(),
+    )
+    def test_lossless_in_the_engine(
+        self, make_verifier: Any, model: Any, sampling: Any, controller: Any, data: Any
+    ) -> None:
+        setup = Setup(
+            model, controller=lambda: replace(controller), verifier=make_verifier, max_draft_tokens=2
+        )
+        check_lossless(setup, data.draw(es.prompts(model.vocab_size, 2)), 3, sampling)

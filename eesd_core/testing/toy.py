@@ -1,0 +1,217 @@
+"""A toy target the real engine drives: an n-gram model in tables, laid out like a transformer.
+
+:class:`ToyModel` holds two next-token tables over a small vocabulary: ``target`` (what the full
+model predicts) and ``draft`` (what its shallow layers predict, so an early exit drafts from q != p).
+:class:`ToyAdapter` makes it a :class:`~eesd_core.protocols.ModelAdapter`: the hidden state of a
+position is ``[depth, token, window...]``, each layer writes its token into its own cache slot and
+rebuilds the context window from that cache, as attention would. Because a layer reads only its
+cache, a cache that was not rolled back, or a layer run twice or skipped, changes p or raises
+:class:`~eesd_core.testing.errors.ToyInvariantError` at once. Everything is float64, so exact
+oracles can compare probabilities to 1e-12.
+
+:class:`ToyDrafter` is an independent drafter (``shared_layers = 0``) that samples from the draft
+table; with ``deterministic=True`` it proposes the draft table's argmax with ``q=None``.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from eesd_core.cache import KVCache
+from eesd_core.config import PluginOptions
+from eesd_core.protocols import DraftContext, DraftStep, ModelAdapter, Proposal, SamplingParams
+from eesd_core.sampling import confidence, process_logits
+from eesd_core.testing.errors import KitError, ToyInvariantError
+
+
+def _log_table(probs: torch.Tensor, vocab: int, window: int) -> torch.Tensor:
+    table = torch.as_tensor(probs, dtype=torch.float64)
+    if table.shape != ((vocab + 1) ** window, vocab) or bool((table < 0).any()):
+        raise KitError(
+            f"A toy table must be [(V+1)^w, V] = {((vocab + 1) ** window, vocab)} of probabilities."
+        )
+    if bool((table.sum(-1) <= 0).any()):
+        raise KitError("Every row of a toy table needs a positive entry: some token must be possible.")
+    return table.log()  # [(V+1)^w, V], -inf where a token is impossible
+
+
+class ToyModel:
+    """An n-gram model: p(next | last ``window`` tokens), tokens before the start read as ``V``.
+
+    ``target`` and ``draft`` are ``[(V+1)^window, V]`` tables of (unnormalised) probabilities;
+    exact zeros make impossible tokens (logit -inf). ``num_layers`` is how deep the model pretends
+    to be: hidden states that went through fewer layers predict from ``draft``.
+    """
+
+    def __init__(self, target: Any, draft: Any = None, *, window: int = 1, num_layers: int = 3) -> None:
+        vocab = int(torch.as_tensor(target).shape[-1])
+        if num_layers < 2 or window < 0 or vocab < 2:
+            raise KitError("A toy model needs num_layers >= 2, window >= 0 and a vocabulary of >= 2 tokens.")
+        self.vocab_size = vocab
+        self.window = window
+        self.num_layers = num_layers
+        self.target = _log_table(target, vocab, window)
+        self.draft = self.target if draft is None else _log_table(draft, vocab, window)
+        self.config = SimpleNamespace(model_type="eesd_toy", max_position_embeddings=None)
+
+    def __repr__(self) -> str:
+        return f"ToyModel(V={self.vocab_size}, window={self.window}, L={self.num_layers})"
+
+    def context(self, tokens: list[int]) -> list[int]:
+        """The last ``window`` tokens, padded on the left with ``V``."""
+        pad = [self.vocab_size] * max(0, self.window - len(tokens))
+        return (pad + list(tokens))[len(pad) + len(tokens) - self.window :]
+
+    def row(self, context: list[int]) -> int:
+        index = 0
+        for token in context:
+            index = index * (self.vocab_size + 1) + int(token)
+        return index
+
+    def logits(self, tokens: list[int], draft: bool = False) -> torch.Tensor:
+        """Next-token logits after ``tokens`` (the whole history). # [V]"""
+        table = self.draft if draft else self.target
+        return table[self.row(self.context(tokens))]
+
+    def next_probs(self, tokens: list[int], sampling: SamplingParams) -> torch.Tensor:
+        """p after ``tokens`` under ``sampling``: what plain autoregressive sampling draws from. # [V]"""
+        return process_logits(self.logits(tokens)[None], sampling)[0]
+
+
+class ToyAdapter:
+    """:class:`~eesd_core.protocols.ModelAdapter` over a :class:`ToyModel`; checks invariants as it runs."""
+
+    model_types = ("eesd_toy",)
+
+    def __init__(self, model: ToyModel) -> None:
+        self.model = model
+        self.config = model.config
+        self.num_layers = model.num_layers
+        self.vocab_size = model.vocab_size
+        self.hidden_size = 2 + model.window
+        self.device = torch.device("cpu")
+        self.dtype = torch.float64
+
+    @classmethod
+    def supports(cls, model: Any) -> bool:
+        return isinstance(model, ToyModel)
+
+    def new_cache(self, num_layers: int | None = None) -> KVCache:
+        return KVCache(self.num_layers if num_layers is None else num_layers)
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """``[m]`` ids to ``[1, m, H]``: depth 0, the token, an unknown (-1) window."""
+        hidden = torch.full((1, tokens.numel(), self.hidden_size), -1.0, dtype=torch.float64)
+        hidden[0, :, 0] = 0.0
+        hidden[0, :, 1] = tokens.view(-1).to(torch.float64)
+        return hidden
+
+    def rotary(self, hidden: torch.Tensor, position: int) -> None:
+        return None
+
+    def run_layers(
+        self, hidden: torch.Tensor, start: int, end: int, cache: KVCache, position: int, rotary: Any = None
+    ) -> torch.Tensor:
+        for layer in range(start, end):
+            hidden = self._layer(hidden, layer, cache, position)
+        return hidden
+
+    def _layer(self, hidden: torch.Tensor, layer: int, cache: KVCache, position: int) -> torch.Tensor:
+        """Write the tokens into this layer's cache and rebuild each position's window from it."""
+        if not hidden.shape[1]:
+            return hidden
+        depth = int(hidden[0, 0, 0])
+        if depth != layer:
+            raise ToyInvariantError(
+                f"layer {layer} received a hidden state that went through {depth} layers."
+            )
+        if cache.lengths[layer] != position:
+            raise ToyInvariantError(
+                f"layer {layer} holds {cache.lengths[layer]} cached tokens at position {position}: "
+                "the cache was not rolled back to the committed length."
+            )
+        ids = hidden[:, :, 1].reshape(1, 1, -1, 1)  # [1, 1, m, 1]
+        keys, _ = cache.update(ids, ids, layer)
+        seen = [int(t) for t in keys.view(-1).tolist()]
+        windows = [self.model.context(seen[: position + j + 1]) for j in range(hidden.shape[1])]
+        out = hidden.clone()
+        out[0, :, 0] += 1
+        if self.model.window:
+            window = torch.tensor(windows, dtype=torch.float64)  # [m, w]
+            if depth and not torch.equal(window, hidden[0, :, 2:]):
+                raise ToyInvariantError(f"layer {layer} sees another context than the layers before it.")
+            out[0, :, 2:] = window
+        return out
+
+    def norm(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``[1, m, H]`` to ``[m, V]``: the target table after all layers, the draft table before."""
+        rows = []
+        for state in hidden[0]:
+            depth = int(state[0])
+            if not 0 < depth <= self.num_layers:
+                raise ToyInvariantError(f"logits asked of a hidden state at depth {depth}.")
+            window = [int(t) for t in state[2:].tolist()]
+            table = self.model.target if depth == self.num_layers else self.model.draft
+            rows.append(table[self.model.row(window)])
+        return torch.stack(rows)
+
+
+class ToyDrafterOptions(PluginOptions):
+    """``deterministic``: propose the draft table's argmax and pass ``q=None``, like prompt lookup."""
+
+    deterministic: bool = False
+
+
+class ToyDrafter:
+    """An independent drafter over a :class:`ToyModel`'s draft table (``layers_done = 0``)."""
+
+    shared_layers = 0
+
+    def __init__(self, options: ToyDrafterOptions | None = None) -> None:
+        self.deterministic = (options or ToyDrafterOptions()).deterministic
+
+    def attach(self, adapter: ModelAdapter) -> None:
+        if not isinstance(adapter.model, ToyModel):
+            raise KitError("The toy drafter drafts only for a ToyModel target.")
+        self.model = adapter.model
+
+    def prefill(self, cache: KVCache, tokens: torch.Tensor, hidden: torch.Tensor | None) -> None:
+        pass
+
+    def rollback(self, length: int) -> None:
+        pass
+
+    def propose(self, pending: int, ctx: DraftContext) -> Proposal:
+        history = ctx.history.tolist()
+        tokens: list[int] = []
+        rows: list[torch.Tensor] = []
+        top1: list[float] = []
+        entropies: list[float] = []
+        go = ctx.ask(DraftStep(0, ctx.max_tokens, ctx.costs))
+        while go:
+            logits = self.model.logits(history + tokens, draft=True)  # [V]
+            if ctx.sampling.greedy or self.deterministic:
+                token, probs = int(logits.argmax()), torch.softmax(logits, -1)
+            else:
+                probs = process_logits(logits[None], ctx.sampling)[0]
+                token = ctx.rng.categorical(probs)
+                rows.append(probs)
+            prob, top, entropy = confidence(probs, token)
+            tokens.append(token)
+            top1.append(top)
+            entropies.append(entropy)
+            go = ctx.ask(DraftStep(len(tokens), ctx.max_tokens, ctx.costs, token, prob, top, entropy))
+        return Proposal(
+            tokens=torch.tensor(tokens, dtype=torch.long),
+            q=torch.stack(rows) if rows else None,
+            hidden=None,
+            layers_done=0,
+            top1=tuple(top1),
+            entropies=tuple(entropies),
+        )
