@@ -16,9 +16,11 @@ programming over positions) and :func:`compare_controllers` tabulates controller
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from eesd_core.config import validate
@@ -31,12 +33,14 @@ from eesd_core.protocols import Controller, Costs, DraftStep, Request, RoundOutc
 
 @dataclass(frozen=True)
 class Position:
-    """Drafts proposed at one output position: their confidences and accepted prefix length."""
+    """The drafts proposed at one output position: how many, how many the target accepted, and
+    the drafter's confidence in each (empty where the drafter reports none)."""
 
+    drafts: int
     accepted: int
-    top1: tuple[float, ...]
-    prob: tuple[float, ...]
-    entropy: tuple[float, ...]
+    top1: tuple[float, ...] = ()
+    prob: tuple[float, ...] = ()
+    entropy: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,8 @@ class CostModel:
 
 @dataclass(frozen=True)
 class PromptTrace:
+    """One prompt's greedy output and a :class:`Position` for each of its tokens."""
+
     prompt_length: int
     tokens: tuple[int, ...]
     positions: tuple[Position, ...]
@@ -92,9 +98,17 @@ class Trace:
         cost_model = CostModel(costs["draft_step"], costs["propose_base"], tuple(costs["verify"]))
         return cls(data["max_k"], cost_model, prompts, dict(data.get("meta", {})))
 
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict()))
+
+    @classmethod
+    def load(cls, path: str | Path) -> Trace:
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
 
 def _position(data: Mapping[str, Any]) -> Position:
-    return Position(data["accepted"], tuple(data["top1"]), tuple(data["prob"]), tuple(data["entropy"]))
+    confidences = (tuple(data.get(key, ())) for key in ("top1", "prob", "entropy"))
+    return Position(data["drafts"], data["accepted"], *confidences)
 
 
 # -- recording -------------------------------------------------------------------------------------
@@ -152,7 +166,7 @@ def record_prompt(decoder: Any, prompt: Sequence[int], max_new_tokens: int) -> P
 
     result, verifier = _swapped(decoder, recorder, run)
     positions = tuple(
-        Position(n, o.top1, o.probs, o.entropies)
+        Position(o.drafted, n, o.top1, o.probs, o.entropies)
         for n, o in zip(verifier.accepted, recorder.outcomes, strict=True)
     )
     tokens = tuple(result.sequences[0, len(prompt) :].tolist())
@@ -163,22 +177,36 @@ def measure_costs(decoder: Any, prompt: Sequence[int], cycles: int = 4) -> CostM
     """Median propose and verify times per k over ``cycles`` rounds of each k = 0 .. K.
 
     The first cycle warms up and is left out. ``draft_step`` is the least-squares slope of the
-    proposal time over k, ``propose_base`` its time at k = 0.
+    proposal time over k, ``propose_base`` its intercept; a k the drafter never reached (it may
+    propose fewer drafts than asked) gets the verification time of the nearest k measured.
     """
     k_max = decoder.config.max_draft_tokens
     recorder = _Recorder(cycle=k_max)
     rounds = (cycles + 1) * (k_max + 1)
-    _swapped(decoder, recorder, lambda: decoder.generate(list(prompt), max_new_tokens=rounds + k_max + 1,
-                                                          temperature=0.0, eos_token_id=[]))
+
+    def run() -> Any:
+        length = rounds + k_max + 1
+        return decoder.generate(list(prompt), max_new_tokens=length, temperature=0.0, eos_token_id=[])
+
+    _swapped(decoder, recorder, run)
     kept = recorder.outcomes[k_max + 1 : rounds]
-    propose = [statistics.median(o.draft_time for o in kept if o.drafted == k) for k in range(k_max + 1)]
-    verify = [statistics.median(o.verify_time for o in kept if o.drafted == k) for k in range(k_max + 1)]
-    mean_k = k_max / 2
-    mean_p = statistics.fmean(propose)
-    slope = sum((k - mean_k) * (t - mean_p) for k, t in enumerate(propose)) / sum(
-        (k - mean_k) ** 2 for k in range(k_max + 1)
-    )
-    return CostModel(max(slope, 0.0), propose[0], tuple(verify))
+    by_k = {k: [o for o in kept if o.drafted == k] for k in range(k_max + 1)}
+    propose = {k: statistics.median(o.draft_time for o in got) for k, got in by_k.items() if got}
+    verify = {k: statistics.median(o.verify_time for o in got) for k, got in by_k.items() if got}
+    base, slope = _line(propose)
+    nearest = [verify[min(verify, key=lambda j: abs(j - k))] for k in range(k_max + 1)]
+    return CostModel(slope, propose.get(0, base), tuple(nearest))
+
+
+def _line(points: Mapping[int, float]) -> tuple[float, float]:
+    """(intercept, slope >= 0) of the least-squares line through ``points``; flat through one."""
+    mean_x = statistics.fmean(points)
+    mean_y = statistics.fmean(points.values())
+    spread = sum((x - mean_x) ** 2 for x in points)
+    if not spread:
+        return mean_y, 0.0
+    slope = max(0.0, sum((x - mean_x) * (y - mean_y) for x, y in points.items()) / spread)
+    return mean_y - slope * mean_x, slope
 
 
 def record_trace(decoder: Any, prompts: Iterable[Sequence[int]], max_new_tokens: int = 64) -> Trace:
@@ -246,17 +274,21 @@ def replay(trace: Trace, controller: Controller, learn_costs: bool = True) -> Re
 
 def _round(controller: Controller, pos: Position, costs: Costs, model: CostModel) -> tuple[int, int]:
     """One round at a recorded position: (k drafted, n accepted), after the controller's update."""
-    limit = len(pos.top1)
+    limit = pos.drafts
     k = 0
     step = DraftStep(0, limit, costs)
     while k < limit and controller.should_continue(step):
         k += 1
-        step = DraftStep(k, limit, costs, None, pos.prob[k - 1], pos.top1[k - 1], pos.entropy[k - 1])
+        step = DraftStep(k, limit, costs, None, _at(pos.prob, k), _at(pos.top1, k), _at(pos.entropy, k))
     n = min(k, pos.accepted)
     propose = model.propose_base + k * model.draft_step
     controller.update(RoundOutcome(k, n, pos.prob[:k], pos.top1[:k], pos.entropy[:k],
                                    propose, model.verify[k], costs))
     return k, n
+
+
+def _at(values: tuple[float, ...], k: int) -> float | None:
+    return values[k - 1] if k <= len(values) else None
 
 
 # -- oracles and comparison ------------------------------------------------------------------------
@@ -272,7 +304,7 @@ def oracle_time(trace: Trace) -> float:
             pos = prompt.positions[t]
             best[t] = min(
                 trace.costs.round_time(k) + best[min(n_tokens, t + min(k, pos.accepted) + 1)]
-                for k in range(len(pos.top1) + 1)
+                for k in range(pos.drafts + 1)
             )
         total += best[0]
         tokens += n_tokens
@@ -286,7 +318,7 @@ def fixed_time(trace: Trace, k: int) -> float:
         n_tokens, t = len(prompt.tokens), 0
         while t < n_tokens:
             pos = prompt.positions[t]
-            drafted = min(k, len(pos.top1))
+            drafted = min(k, pos.drafts)
             total += trace.costs.round_time(drafted)
             t += min(drafted, pos.accepted) + 1
         tokens += n_tokens

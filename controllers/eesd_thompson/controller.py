@@ -59,12 +59,7 @@ class ThompsonController:
             return self.rng.random() < (self._latest_theta(step) if step.index else self._theta)
         if self._times is None:
             return step.index < self._explore_k()
-        if draft_on(step.index, survival, self._theta, self._times, self._rate):
-            return True
-        if step.index == 0 and self._locked_out() and self._lucky(self.options.explore / (1 + self.rounds)):
-            self._limit = 1
-            return True
-        return False
+        return self._pays_on(step.index, survival)
 
     def update(self, outcome: RoundOutcome) -> None:
         self.rounds += 1
@@ -103,8 +98,15 @@ class ThompsonController:
         mean = self.posterior.mean
         return draft_on(0, 1.0, mean, self._times, best_rate(mean, self._times))
 
-    def _lucky(self, chance: float) -> bool:
-        return self.rng.random() < chance
+    def _pays_on(self, index: int, survival: float) -> bool:
+        """The cost rule, plus the rare one-draft probe while drafting looks hopeless."""
+        assert self._times is not None
+        if draft_on(index, survival, self._theta, self._times, self._rate):
+            return True
+        if index == 0 and self._locked_out() and self.rng.random() < self.options.explore / (1 + self.rounds):
+            self._limit = 1
+            return True
+        return False
 
     def _locked_out(self) -> bool:
         """Whether the measured costs say drafting could not pay even if every draft were accepted."""
@@ -129,16 +131,16 @@ class ThompsonController:
 
     def _latest_theta(self, step: DraftStep) -> float:
         """theta for the latest draft: its bucket's draw (Calibration-TS) or the round's theta."""
-        if self.options.variant != "calibration":
+        value = self._signal(step)
+        if self.options.variant != "calibration" or value is None:
             return self._theta
-        cell = self.buckets.index(self._signal(step))
+        cell = self.buckets.index(value)
         if cell not in self._cells:
             self._cells[cell] = self.buckets.cells[cell].sample(self.rng, self.posterior.mean)
         return self._cells[cell]
 
-    def _signal(self, step: DraftStep) -> float:
-        value = {"top1": step.top1, "prob": step.prob, "entropy": step.entropy}[self.options.signal]
-        return 0.0 if value is None else value
+    def _signal(self, step: DraftStep) -> float | None:
+        return {"top1": step.top1, "prob": step.prob, "entropy": step.entropy}[self.options.signal]
 
     def _signals(self, outcome: RoundOutcome) -> tuple[float, ...]:
         signals = {"top1": outcome.top1, "prob": outcome.probs, "entropy": outcome.entropies}

@@ -27,7 +27,7 @@ class ThompsonOptions(PluginOptions):
       is 1. The cost rule falls back to the Bernoulli rule until costs are measured.
     - ``failures``: the posterior's failures per round: ``"first"`` counts only the first rejection
       (later drafts are never judged by the verifier, so they are censored), ``"all"`` counts every
-      rejected draft (k - n).
+      rejected draft (k - n). Confidence buckets always count the first rejection only.
     - ``resample``: draw theta once per round (``"round"``, genuine Thompson sampling) or before
       every draft (``"step"``).
     - ``alpha0``, ``beta0``: the Beta prior.

@@ -36,7 +36,7 @@ def positions(flags: list[bool], k: int, rng: random.Random, sharpness: float) -
         while accepted < limit and flags[t + accepted]:
             accepted += 1
         top1 = tuple(_confidence(rng, i <= accepted and flags[t + i], sharpness) for i in range(limit))
-        out.append(Position(accepted, top1, top1, tuple(1.0 - c for c in top1)))
+        out.append(Position(limit, accepted, top1, top1, tuple(1.0 - c for c in top1)))
     return out
 
 

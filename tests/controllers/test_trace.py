@@ -37,7 +37,7 @@ def hand_trace(accepted=(3, 2, 1, 0, 0, 0), k=3):
     for t, a in enumerate(accepted):
         limit = min(k, n - 1 - t)
         conf = tuple(0.9 if i < a else 0.1 for i in range(limit))
-        positions.append(Position(a, conf, conf, tuple(1 - c for c in conf)))
+        positions.append(Position(limit, a, conf, conf, tuple(1 - c for c in conf)))
     return Trace(k, UNIT, (PromptTrace(2, tuple(range(n)), tuple(positions)),))
 
 
@@ -77,9 +77,36 @@ def test_replay_hands_the_recorded_confidences_to_the_controller():
     assert (result.rounds, result.drafted, result.accepted) == (3, 4, 3)
 
 
-def test_json_round_trip():
+def test_json_round_trip(tmp_path):
     trace = synthetic_trace(0.5, prompts=2, tokens=20)
     assert Trace.from_dict(json.loads(json.dumps(trace.to_dict()))) == trace
+    trace.save(tmp_path / "trace.json")
+    assert Trace.load(tmp_path / "trace.json") == trace
+
+
+class Silent:
+    """A drafter's view without confidences: the controller sees None."""
+
+    def __init__(self):
+        self.seen = []
+
+    def start(self, request):
+        pass
+
+    def should_continue(self, step):
+        self.seen.append(step.top1)
+        return step.index < 2
+
+    def update(self, outcome):
+        pass
+
+
+def test_replay_without_confidences():
+    trace = hand_trace()
+    bare = tuple(Position(p.drafts, p.accepted) for p in trace.prompts[0].positions)
+    trace = Trace(3, UNIT, (PromptTrace(2, trace.prompts[0].tokens, bare),))
+    ctrl = Silent()
+    assert replay(trace, ctrl).tokens == 6 and set(ctrl.seen) == {None}
 
 
 @given(rate=st.floats(0.0, 1.0), persistence=st.floats(0.0, 0.95), seed=st.integers(0, 100),
@@ -140,7 +167,7 @@ def test_recorded_trace_follows_the_greedy_output(recorded):
         assert list(pt.tokens) == expected
         assert len(pt.positions) == len(pt.tokens)
         for t, pos in enumerate(pt.positions):
-            assert len(pos.top1) == min(4, len(pt.tokens) - 1 - t)
+            assert pos.drafts == len(pos.top1) == min(4, len(pt.tokens) - 1 - t)
             if t + 1 < len(pt.positions) and pos.accepted:
                 assert pt.positions[t + 1].accepted >= pos.accepted - 1
     costs = trace.costs
