@@ -11,7 +11,13 @@ their accepted prefix a_t. Costs are measured in a second short run that cycles 
 :func:`replay` then runs any controller against a :class:`Trace`: it hands the controller the
 recorded :class:`DraftStep` s, commits min(k, a_t) + 1 tokens, charges the modelled round time and
 moves on, exactly as the engine would. :func:`oracle_time` is the per-round ideal (dynamic
-programming over positions) and :func:`compare_controllers` tabulates controllers against it.
+programming over positions) and :func:`compare_controllers` tabulates controllers against it::
+
+    dec = SpeculativeDecoder(model, drafter="early_exit", controller="fixed", max_draft_tokens=8)
+    trace = record_trace(dec, prompts, max_new_tokens=64)
+    trace.save("trace.json")
+    rows = compare_controllers(trace, {"thompson": ("thompson", {}), "heuristic": ("heuristic", {})})
+    print(format_table(rows))
 """
 
 from __future__ import annotations

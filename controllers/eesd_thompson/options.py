@@ -19,19 +19,23 @@ class ThompsonOptions(PluginOptions):
     """How the controller models acceptance and when it stops drafting.
 
     - ``variant``: ``"beta"`` keeps one Beta posterior over theta, the probability that a draft is
-      accepted; ``"calibration"`` also keeps one Beta posterior per confidence bucket of the
-      drafter (``signal`` and ``edges``), so a doubtful draft ends the round early.
+      accepted; ``"calibration"`` (default) also keeps one Beta posterior per confidence bucket of
+      the drafter (``signal`` and ``edges``), so a doubtful draft ends the round early. A bucket's
+      prior is centred on the overall posterior mean, so sparse buckets cost nothing when the
+      confidence says little, and replays show it no slower than Beta-TS when it says nothing.
     - ``stop_rule``: ``"cost"`` (default) drafts only while the expected committed tokens per
       second, under the sampled theta and the measured costs, beat plain decoding and shorter
       rounds; ``"bernoulli"`` is the paper's rule: draft another token while chi ~ Bernoulli(theta)
-      is 1. The cost rule falls back to the Bernoulli rule until costs are measured.
+      is 1. Until costs are measured, the cost rule drafts one token in one round and none in the
+      next, which is all the engine needs to measure them.
     - ``failures``: the posterior's failures per round: ``"first"`` counts only the first rejection
       (later drafts are never judged by the verifier, so they are censored), ``"all"`` counts every
       rejected draft (k - n). Confidence buckets always count the first rejection only.
     - ``resample``: draw theta once per round (``"round"``, genuine Thompson sampling) or before
       every draft (``"step"``).
     - ``alpha0``, ``beta0``: the Beta prior.
-    - ``scope``: ``"request"`` resets the posterior at every generation, ``"global"`` carries it
+    - ``scope``: ``"request"`` resets the posterior at every generation (the paper's per-instance
+      reading), ``"global"`` (default: fewer probes of a drafter that rarely pays) carries it
       across generations, shrinking the evidence by ``decay`` at each start and to at most
       ``carry`` observations (``None``: no limit), so that a generation on another kind of text
       soon outweighs what earlier ones taught.
