@@ -50,7 +50,7 @@ class CostTracker:
     def _build(self) -> Costs:
         proposals = [(k, t) for k, t in enumerate(self.propose) if t is not None]
         line = _line(proposals)
-        draft_step = line[1] if line and any(k for k, _ in proposals) else None
+        draft_step = line[1] if line and len(proposals) >= 2 else None
         base = self.propose[0] if self.propose[0] is not None else (line[0] if line else None)
         verifies = [(m, t) for m, t in enumerate(self.verify) if t is not None]
         vline = _line(verifies)

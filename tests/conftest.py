@@ -15,6 +15,9 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
+# Tiny models gain nothing from threads, and on a busy machine spinning threads cost 10-100x.
+torch.set_num_threads(1)
+
 FAMILIES = {
     "llama": (LlamaConfig, LlamaForCausalLM),
     "qwen2": (Qwen2Config, Qwen2ForCausalLM),
