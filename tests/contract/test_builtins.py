@@ -1,4 +1,4 @@
-"""The contracts applied to every built-in plug-in; controllers by walking the registry."""
+"""The contracts applied to every registered drafter, controller and verifier, by walking the registry."""
 
 from __future__ import annotations
 
@@ -7,13 +7,15 @@ import pytest
 from eesd_core.registry import get_manager
 from eesd_core.testing import ControllerContract, DrafterContract, VerifierContract, registered
 
-CONTROLLERS = get_manager().registry("controller").names()
+
+def names(kind: str) -> list[str]:
+    return get_manager().registry(kind).names()
 
 
 class TestRegisteredControllers(ControllerContract):
-    covers = tuple(CONTROLLERS)
+    covers = tuple(names("controller"))
 
-    @pytest.fixture(params=CONTROLLERS)
+    @pytest.fixture(params=covers)
     def make_controller(self, request):
         return registered("controller", request.param)
 
@@ -23,22 +25,32 @@ class TestFixedControllerSettings(ControllerContract):
 
     covers = ("fixed",)
 
-    @pytest.fixture(params=[0, 1, 9])
+    @pytest.fixture(params=[0, 9])
     def make_controller(self, request):
         return registered("controller", "fixed", {"k": request.param})
 
 
-class TestEarlyExitDrafter(DrafterContract):
+class TestRegisteredDrafters(DrafterContract):
+    covers = tuple(names("drafter"))
+
+    @pytest.fixture(params=covers)
+    def make_drafter(self, request):
+        return registered("drafter", request.param)
+
+
+class TestEarlyExitDeeper(DrafterContract):
+    """An exit below the first layer, so layers [0, N) shared with the target are more than one."""
+
     covers = ("early_exit",)
 
-    @pytest.fixture(params=[{}, {"exit_layer": 2, "head": None}])
-    def make_drafter(self, request):
-        return registered("drafter", "early_exit", request.param)
-
-
-class TestLosslessVerifier(VerifierContract):
-    covers = ("lossless",)
-
     @pytest.fixture
-    def make_verifier(self):
-        return registered("verifier", "lossless")
+    def make_drafter(self):
+        return registered("drafter", "early_exit", {"exit_layer": 2, "head": None})
+
+
+class TestRegisteredVerifiers(VerifierContract):
+    covers = tuple(names("verifier"))
+
+    @pytest.fixture(params=covers)
+    def make_verifier(self, request):
+        return registered("verifier", request.param)

@@ -1,0 +1,100 @@
+"""The whole engine, exactly: the distribution of its output equals plain sampling from the target.
+
+Toy targets with 2-3 tokens, every drafter that works on them, erratic controllers, top-k, top-p,
+EOS; each example enumerates every random choice of every generation (see the kit's oracles).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from eesd_core.engine import SpeculativeDecoder
+from eesd_core.protocols import SamplingParams
+from eesd_core.testing import strategies as es
+from eesd_core.testing.checks import check_greedy, check_lossless
+from eesd_core.testing.controllers import ErraticController, always
+from eesd_core.testing.errors import ReplayError, ToyInvariantError
+from eesd_core.testing.kit import TOY, Setup
+from eesd_core.testing.oracles import engine_distribution
+from eesd_core.testing.toy import ToyModel
+
+DRAFTERS = st.sampled_from([(TOY, {}), (TOY, {"deterministic": True}), ("early_exit", {}), (None, {})])
+
+
+@settings(max_examples=60)
+@given(
+    model=es.toy_models(),
+    sampling=es.sampling_params(greedy=False),
+    drafter=DRAFTERS,
+    controller=es.erratic_controllers(),
+    cap=st.integers(1, 3),
+    data=st.data(),
+)
+def test_generations_follow_the_target(model, sampling, drafter, controller, cap, data):
+    name, options = drafter
+    setup = Setup(
+        model,
+        drafter=name,
+        drafter_options=options,
+        controller=lambda: replace(controller),
+        max_draft_tokens=cap,
+    )
+    eos = data.draw(st.sampled_from([(), (0,), (model.vocab_size - 1,)]))
+    check_lossless(setup, data.draw(es.prompts(model.vocab_size, 2)), 3, sampling, eos)
+
+
+@settings(max_examples=60)
+@given(
+    model=es.toy_models(vocab_sizes=st.integers(2, 5), windows=st.integers(0, 2)),
+    drafter=DRAFTERS,
+    controller=es.erratic_controllers(),
+    data=st.data(),
+)
+def test_greedy_generations_are_the_targets(model, drafter, controller, data):
+    name, options = drafter
+    setup = Setup(
+        model,
+        drafter=name,
+        drafter_options=options,
+        controller=lambda: replace(controller),
+        max_draft_tokens=data.draw(st.integers(1, 6)),
+    )
+    check_greedy(setup, data.draw(es.prompts(model.vocab_size, 4)), data.draw(st.integers(1, 10)))
+
+
+def test_a_longer_horizon_with_many_drafts():
+    """Four tokens over three symbols with up to three drafts a round: thousands of generations."""
+    torch.manual_seed(3)
+    model = ToyModel(torch.rand(4, 3), torch.rand(4, 3), window=1, num_layers=3)
+    for name in [TOY, "early_exit"]:
+        setup = Setup(model, drafter=name, controller=always, max_draft_tokens=3)
+        check_lossless(setup, [2], 4, SamplingParams(0.9, top_k=2))
+
+
+def test_an_engine_that_forgets_to_roll_back_is_caught(monkeypatch):
+    def rollback(self, g, length):
+        g.cache.crop(length, start=self.drafter.shared_layers)  # layers [0, N) keep rejected drafts
+
+    monkeypatch.setattr(SpeculativeDecoder, "_rollback", rollback)
+    model = ToyModel(torch.tensor([[1.0, 2.0], [3.0, 1.0], [1.0, 1.0]]), torch.ones(3, 2), window=1)
+    with pytest.raises(ToyInvariantError, match="rolled back"):
+        engine_distribution(Setup(model, drafter="early_exit", controller=always), [0], 3)
+
+
+def test_a_controller_with_its_own_unseeded_randomness_is_reported():
+    entropy = random.SystemRandom()
+
+    class Moody(ErraticController):
+        def should_continue(self, step):
+            return entropy.random() < 0.5
+
+    model = ToyModel(torch.tensor([[1.0, 2.0]]), torch.tensor([[2.0, 1.0]]), window=0)
+    with pytest.raises(ReplayError, match="cannot replay"):
+        for _ in range(10):
+            engine_distribution(Setup(model, controller=Moody, max_draft_tokens=3), [0], 4)

@@ -1,0 +1,107 @@
+"""End to end on a real (tiny, random) LlamaForCausalLM: early-exit drafts, sampled generations.
+
+The exact test enumerates every random choice of the engine over an 8-token vocabulary; the
+sampling tests draw generations with fresh seeds and compare the first tokens with the exact
+distribution from the model's own forward passes, at a false-fail rate of 1e-9 per test.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eesd_core.engine import SpeculativeDecoder
+from eesd_core.protocols import SamplingParams
+from eesd_core.testing.hf import first_tokens_distribution, tiny_llama
+from eesd_core.testing.kit import Setup
+from eesd_core.testing.oracles import assert_distributions_equal, engine_distribution
+from eesd_core.testing.statistical import assert_same_distribution
+
+PROMPT = [3, 1, 4]
+FALSE_FAIL_RATE = 1e-9
+EARLY_EXIT = {"exit_layer": 1, "head": None}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def first_tokens(decoder, sampling, runs):
+    """The first two new tokens of ``runs`` generations with seeds 0, 1, ..."""
+    out = []
+    for seed in range(runs):
+        result = decoder.generate(
+            PROMPT,
+            max_new_tokens=2,
+            seed=seed,
+            eos_token_id=[],
+            top_p=sampling.top_p,
+            temperature=sampling.temperature,
+            top_k=sampling.top_k,
+        )
+        out.append(tuple(result.sequences[0, len(PROMPT) :].tolist()))
+    return out
+
+
+def assert_follows_the_target(samples, model, sampling):
+    """First token and first pair, each at half the test's false-fail rate."""
+    pairs = first_tokens_distribution(model, PROMPT, 2, sampling)
+    singles: dict[tuple[int, ...], float] = {}
+    for (a, _), prob in pairs.items():
+        singles[(a,)] = singles.get((a,), 0.0) + prob
+    assert_same_distribution([s[:1] for s in samples], singles, FALSE_FAIL_RATE / 2, what="first token")
+    assert_same_distribution(samples, pairs, FALSE_FAIL_RATE / 2, what="first two tokens")
+
+
+def test_exact_on_a_tiny_llama():
+    model = tiny_llama(vocab_size=8)
+    setup = Setup(
+        model, drafter="early_exit", drafter_options=EARLY_EXIT, controller="fixed", max_draft_tokens=2
+    )
+    sampling = SamplingParams(1.0, top_k=4)
+    actual = engine_distribution(setup, PROMPT, 3, sampling)
+    assert_distributions_equal(actual, first_tokens_distribution(model, PROMPT, 3, sampling))
+
+
+@pytest.mark.statistical
+@pytest.mark.parametrize(
+    ("sampling", "controller"),
+    [(SamplingParams(1.0), "fixed"), (SamplingParams(0.8, top_k=6, top_p=0.9), "thompson")],
+    ids=["plain", "top-k-top-p"],
+)
+def test_first_tokens_follow_the_target(sampling, controller):
+    model = tiny_llama()
+    decoder = SpeculativeDecoder(
+        model, drafter="early_exit", drafter_options=EARLY_EXIT, controller=controller, max_draft_tokens=2
+    )
+    samples = first_tokens(decoder, sampling, runs=1200)
+    assert_follows_the_target(samples, model, sampling)
+
+
+@pytest.mark.slow
+@pytest.mark.statistical
+def test_the_sampling_test_sees_a_lossy_verifier(monkeypatch):
+    """With the residual replaced by p, the first token drifts towards q; the test must notice.
+
+    Here the drift is at most 0.09 on one token, about 9 standard errors at 1500 samples.
+    """
+    from eesd_lossless import LosslessVerifier
+
+    def lossy(self, draft_tokens, q, p, rng):
+        for i, draft in enumerate(draft_tokens.tolist()):
+            if not rng.bernoulli(min(1.0, float(p[i, draft] / q[i, draft]))):
+                return i, rng.categorical(p[i])
+        return len(draft_tokens), rng.categorical(p[len(draft_tokens)])
+
+    monkeypatch.setattr(LosslessVerifier, "verify", lossy)
+    model = tiny_llama()
+    decoder = SpeculativeDecoder(
+        model, drafter="early_exit", drafter_options=EARLY_EXIT, controller="fixed", max_draft_tokens=2
+    )
+    samples = first_tokens(decoder, SamplingParams(1.0), runs=1500)
+    with pytest.raises(AssertionError, match="first token"):
+        assert_follows_the_target(samples, model, SamplingParams(1.0))
