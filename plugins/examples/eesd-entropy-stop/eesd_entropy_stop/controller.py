@@ -1,0 +1,56 @@
+"""Stop drafting when a lower bound on the next acceptance probability falls below a threshold.
+
+AdaEDL (Agrawal et al., 2024) observes that a draft's chance of acceptance is bounded below by
+``1 - sqrt(gamma * H(q))``, where H(q) is the entropy of the draft distribution: a confident drafter
+(low entropy) is usually right. Drafting continues while that bound stays at or above a threshold.
+The threshold follows the observed acceptance rate: when rounds accept less than ``target``, it
+rises (stop earlier); when they accept more, it falls (draft longer).
+"""
+
+from __future__ import annotations
+
+import math
+
+from pydantic import Field
+
+from eesd_core.config import PluginOptions
+from eesd_core.protocols import DraftStep, Request, RoundOutcome
+
+
+class EntropyStopOptions(PluginOptions):
+    """``gamma`` scales the entropy in the bound; ``threshold`` is where drafting stops at first;
+    ``target`` is the acceptance rate the threshold steers toward, by ``step`` per round (0 keeps
+    the threshold fixed)."""
+
+    gamma: float = Field(1.0, gt=0.0)
+    threshold: float = Field(0.4, ge=0.0, le=1.0)
+    target: float = Field(0.7, ge=0.0, le=1.0)
+    step: float = Field(0.05, ge=0.0, le=1.0)
+
+
+def acceptance_bound(entropy: float, gamma: float) -> float:
+    """1 - sqrt(gamma * H): a lower bound on the chance the next draft is accepted."""
+    return 1.0 - math.sqrt(gamma * max(entropy, 0.0))
+
+
+class EntropyStop:
+    """Entropy-bound early draft stopping with a self-adjusting threshold."""
+
+    def __init__(self, options: EntropyStopOptions | None = None) -> None:
+        self.options = options or EntropyStopOptions()
+        self.threshold = self.options.threshold
+
+    def start(self, request: Request) -> None:
+        self.threshold = self.options.threshold
+
+    def should_continue(self, step: DraftStep) -> bool:
+        if step.index == 0 or step.entropy is None or math.isnan(step.entropy):
+            return True
+        return acceptance_bound(step.entropy, self.options.gamma) >= self.threshold
+
+    def update(self, outcome: RoundOutcome) -> None:
+        if not outcome.drafted:
+            return
+        rate = outcome.accepted / outcome.drafted
+        moved = self.threshold + self.options.step * (self.options.target - rate)
+        self.threshold = min(1.0, max(0.0, moved))

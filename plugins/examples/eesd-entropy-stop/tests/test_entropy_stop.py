@@ -1,0 +1,58 @@
+"""entropy_stop: its rule, its discovery through the entry point, and eesd's controller contract."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from eesd_entropy_stop import EntropyStop, EntropyStopOptions
+from eesd_entropy_stop.controller import acceptance_bound
+
+from eesd_core.protocols import Costs, DraftStep, RoundOutcome
+from eesd_core.registry import get_manager, reset_manager
+from eesd_core.testing import ControllerContract, registered
+
+
+class TestEntropyStopContract(ControllerContract):
+    @pytest.fixture(params=[{}, {"gamma": 4.0, "threshold": 0.9, "step": 0.5}])
+    def make_controller(self, request):
+        return registered("controller", "entropy_stop", request.param)
+
+
+def step(entropy):
+    return DraftStep(1, 8, Costs(), token=0, prob=0.5, top1=0.5, entropy=entropy)
+
+
+def outcome(drafted, accepted):
+    return RoundOutcome(
+        drafted, accepted, (0.5,) * drafted, (0.5,) * drafted, (1.0,) * drafted, 0.0, 0.0, Costs()
+    )
+
+
+def test_the_bound():
+    assert acceptance_bound(0.0, 1.0) == 1.0
+    assert acceptance_bound(0.25, 1.0) == pytest.approx(0.5)
+
+
+def test_confident_drafts_continue_and_uncertain_ones_stop():
+    controller = EntropyStop(EntropyStopOptions(threshold=0.5))
+    assert controller.should_continue(DraftStep(0, 8, Costs()))
+    assert controller.should_continue(step(0.1))
+    assert not controller.should_continue(step(math.log(8)))
+
+
+def test_the_threshold_follows_acceptance():
+    controller = EntropyStop(EntropyStopOptions(threshold=0.5, target=0.5, step=0.1))
+    controller.update(outcome(4, 0))
+    assert controller.threshold == pytest.approx(0.55)
+    controller.update(outcome(4, 4))
+    assert controller.threshold == pytest.approx(0.5)
+    controller.update(outcome(0, 0))
+    assert controller.threshold == pytest.approx(0.5)
+
+
+def test_found_through_its_own_entry_point():
+    reset_manager()
+    info = get_manager().info["entropy_stop"]
+    assert info.distribution == "eesd-entropy-stop"
+    assert "entropy_stop" in get_manager().registry("controller").names()
