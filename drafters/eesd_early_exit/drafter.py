@@ -3,8 +3,9 @@
 Per round, with pending token t_0 at position P: for i = 0, 1, ... it runs layers [0, N) on t_i
 (writing the shared cache at P + i), the exit head on the result (writing its own cache), and draws
 d_{i+1} from q; the controller is asked before each draft. The last draft d_k goes through layers
-[0, N) and the exit layers too, without the LM head, so every cache holds all k + 1 inputs and one
-crop to the committed length restores the invariant whatever is accepted.
+[0, N) only: its layer-N state waits (with those of rounds that drafted nothing) until the exit
+layers next run, in one batched pass. So every cache, counting what waits, holds all k + 1 inputs,
+and one crop to the committed length restores the invariant whatever is accepted.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ class EarlyExitDrafter:
         self.shared_layers = 0
         self.head: Any = None
         self.exit_cache = KVCache(0)
+        self.deferred: list[torch.Tensor] = []
+        self.deferred_count = 0
 
     def attach(self, adapter: ModelAdapter) -> None:
         self.adapter = adapter
@@ -83,17 +86,51 @@ class EarlyExitDrafter:
 
     def prefill(self, cache: KVCache, tokens: torch.Tensor, hidden: torch.Tensor | None) -> None:
         self.exit_cache = self.head.new_cache()
+        self.deferred = []
+        self.deferred_count = 0
         if hidden is not None and hidden.shape[1]:
-            self.head.hidden(hidden, 0, self.exit_cache, None)
+            self._defer(hidden)
 
     def rollback(self, length: int) -> None:
         self.exit_cache.crop(length)
+        keep = max(0, length - self._exit_cached())
+        if keep < self.deferred_count:
+            self.deferred = [torch.cat(self.deferred, dim=1)[:, :keep]] if keep else []
+            self.deferred_count = keep
 
-    def _lower(self, token: int, position: int, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
-        """Layers [0, N) and the exit layers on one token: (h_N, exit hidden), both [1, 1, H]."""
+    def exit_length(self) -> int:
+        """Positions the exit layers have seen or will see before the next draft."""
+        return self._exit_cached() + self.deferred_count
+
+    def _exit_cached(self) -> int:
+        return self.exit_cache.lengths[0] if self.head.num_layers else 0
+
+    def _defer(self, hidden: torch.Tensor) -> None:
+        """Layer-N states the exit layers have not run on yet. # [1, m, H]
+
+        Rounds that draft nothing never need the exit layers; their inputs wait here and go
+        through in one batched pass when drafting resumes, so plain steps cost no more than
+        the target's own forward.
+        """
+        if self.head.num_layers:
+            self.deferred.append(hidden)
+            self.deferred_count += hidden.shape[1]
+
+    def _flush(self) -> None:
+        if self.deferred:
+            backlog = torch.cat(self.deferred, dim=1)
+            self.head.hidden(backlog, self._exit_cached(), self.exit_cache, None)
+            self.deferred, self.deferred_count = [], 0
+
+    def _lower(self, token: int, position: int, cache: KVCache, draft: bool = True) -> tuple[torch.Tensor, Any]:
+        """Layers [0, N) on one token, and the exit layers if it is drafted from. # [1, 1, H]"""
         x = self.adapter.embed(torch.tensor([token], device=self.adapter.device))
         rotary = self.adapter.rotary(x, position)
         h = self.adapter.run_layers(x, 0, self.shared_layers, cache, position, rotary)
+        if not draft:
+            self._defer(h)
+            return h, None
+        self._flush()
         return h, self.head.hidden(h, position, self.exit_cache, rotary)
 
     def propose(self, pending: int, ctx: DraftContext) -> Proposal:
@@ -122,7 +159,7 @@ class EarlyExitDrafter:
             top1.append(top)
             entropies.append(entropy)
             go = ctx.ask(DraftStep(len(tokens), ctx.max_tokens, ctx.costs, token, prob, top, entropy))
-        h, _ = self._lower(token, ctx.position + len(hiddens), ctx.cache)
+        h, _ = self._lower(token, ctx.position + len(hiddens), ctx.cache, draft=False)
         hiddens.append(h)
         return Proposal(
             tokens=torch.tensor(tokens, dtype=torch.long),

@@ -1,0 +1,151 @@
+"""A misbehaving plug-in fails with a PluginFault naming it, and the decoder stays usable."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import make_tiny
+
+from eesd_core import SpeculativeDecoder, hookimpl
+from eesd_core.errors import NumericalError, PluginFault
+from eesd_core.protocols import Proposal
+from eesd_core.registry import get_manager, reset_manager
+from eesd_early_exit.drafter import EarlyExitDrafter
+
+
+class _Controller:
+    def __init__(self, decide) -> None:  # noqa: ANN001
+        self.decide = decide
+
+    def start(self, request) -> None:  # noqa: ANN001
+        pass
+
+    def should_continue(self, step):  # noqa: ANN001, ANN201
+        return self.decide(step)
+
+    def update(self, outcome) -> None:  # noqa: ANN001
+        pass
+
+
+def _raise(step):  # noqa: ANN001, ANN202
+    raise RuntimeError("boom")
+
+
+CONTROLLERS = {
+    "raises": lambda: _Controller(_raise),
+    "non_bool": lambda: _Controller(lambda step: "yes"),
+    "never_stops": lambda: _Controller(lambda step: True),
+}
+
+
+class _BadDrafter(EarlyExitDrafter):
+    """The early-exit drafter with one planted fault, chosen by ``mode``."""
+
+    mode = "vocab"
+
+    def propose(self, pending, ctx):  # noqa: ANN001, ANN201
+        proposal = super().propose(pending, ctx)
+        if self.mode == "vocab":
+            return Proposal(proposal.tokens + 10_000, proposal.q, proposal.hidden, proposal.layers_done)
+        if self.mode == "q_sum":
+            q = torch.full((proposal.k, self.adapter.vocab_size), 0.5, dtype=torch.float64)
+            return Proposal(proposal.tokens, q, proposal.hidden, proposal.layers_done)
+        if self.mode == "too_many":
+            return Proposal(torch.zeros(ctx.max_tokens + 1, dtype=torch.long), None, None, 0)
+        return "not a proposal"
+
+
+class _GreedyVerifier:
+    def verify(self, draft_tokens, q, p, rng):  # noqa: ANN001, ANN201
+        return len(draft_tokens) + 1, 3
+
+
+class _Plugin:
+    @hookimpl
+    def eesd_register_controllers(self, register):  # noqa: ANN001, ANN201
+        for name, factory in CONTROLLERS.items():
+            register.add(name, factory)
+
+    @hookimpl
+    def eesd_register_drafters(self, register):  # noqa: ANN001, ANN201
+        register.add("bad_drafter", lambda: _BadDrafter())
+
+    @hookimpl
+    def eesd_register_verifiers(self, register):  # noqa: ANN001, ANN201
+        register.add("overeager", _GreedyVerifier)
+
+
+@pytest.fixture(autouse=True)
+def faulty_plugins():
+    reset_manager()
+    get_manager().register(_Plugin(), "faulty-test-plugins")
+    yield
+    reset_manager()
+
+
+@pytest.fixture(scope="module")
+def model():
+    return make_tiny("llama", 1)
+
+
+def _still_usable(dec: SpeculativeDecoder, model) -> None:  # noqa: ANN001
+    good = SpeculativeDecoder(model, drafter=None, controller="fixed")
+    assert dec.adapter is not None
+    ids = torch.tensor([[4, 5, 6]])
+    assert good.generate(ids, max_new_tokens=4).sequences.shape == (1, 7)
+
+
+@pytest.mark.parametrize("name, message", [
+    ("raises", "controller 'raises' raised RuntimeError: boom"),
+    ("non_bool", "controller 'non_bool' returned 'yes'"),
+])
+def test_faulty_controller_is_named(model, name: str, message: str) -> None:
+    dec = SpeculativeDecoder(model, drafter="early_exit", drafter_options={"exit_layer": 2}, controller=name)
+    for _ in range(2):
+        with pytest.raises(PluginFault, match=message):
+            dec.generate([4, 5, 6], max_new_tokens=6)
+    _still_usable(dec, model)
+
+
+def test_controller_that_never_stops_is_capped(model) -> None:
+    dec = SpeculativeDecoder(model, drafter="early_exit", drafter_options={"exit_layer": 2},
+                             controller="never_stops", max_draft_tokens=5)
+    expected = model.generate(torch.tensor([[4, 5, 6]]), max_new_tokens=20, do_sample=False,
+                              eos_token_id=None, pad_token_id=0)
+    out = dec.generate([4, 5, 6], max_new_tokens=20, eos_token_id=[])
+    assert torch.equal(out.sequences, expected)
+    assert max(len(out.stats.drafted_by_position), 0) <= 5
+
+
+@pytest.mark.parametrize("mode, message", [
+    ("vocab", "drafter 'bad_drafter' proposed tokens outside"),
+    ("q_sum", "drafter 'bad_drafter' returned q rows that are not probability distributions"),
+    ("too_many", "drafter 'bad_drafter' proposed 6 drafts where at most 5"),
+    ("type", "drafter 'bad_drafter' returned str from propose"),
+])
+def test_faulty_drafter_is_named(model, mode: str, message: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_BadDrafter, "mode", mode)
+    dec = SpeculativeDecoder(model, drafter="bad_drafter", controller="fixed", controller_options={"k": 3},
+                             max_draft_tokens=5)
+    with pytest.raises(PluginFault, match=message):
+        dec.generate([4, 5, 6], max_new_tokens=10, temperature=1.0 if mode == "q_sum" else 0.0)
+    _still_usable(dec, model)
+
+
+def test_verifier_accepting_more_than_drafted_is_named(model) -> None:
+    dec = SpeculativeDecoder(model, drafter="early_exit", drafter_options={"exit_layer": 2},
+                             controller="fixed", verifier="overeager")
+    with pytest.raises(PluginFault, match="verifier 'overeager' accepted 5 tokens out of 4"):
+        dec.generate([4, 5, 6], max_new_tokens=10)
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_nan_or_inf_logits_are_reported_not_sampled(bad: float) -> None:
+    model = make_tiny("llama", 2)
+    with torch.no_grad():
+        model.lm_head.weight[7, 0] = bad
+    dec = SpeculativeDecoder(model, drafter="early_exit", drafter_options={"exit_layer": 2}, controller="fixed")
+    with pytest.raises(NumericalError, match="NaN or \\+inf"):
+        dec.generate([4, 5, 6], max_new_tokens=5, temperature=1.0, seed=0)

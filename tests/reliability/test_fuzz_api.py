@@ -1,0 +1,66 @@
+"""Random configurations and inputs thrown at the public API: every failure is an EESDError."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import make_tiny
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from eesd_core import EESDError, SpeculativeDecoder
+
+MODEL = make_tiny("llama", 3, vocab=31, layers=3)
+
+anything = st.one_of(
+    st.none(), st.booleans(), st.integers(-5, 40), st.floats(allow_nan=True), st.text(max_size=5),
+    st.lists(st.integers(-2, 40), max_size=3), st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
+)
+option_dicts = st.dictionaries(
+    st.sampled_from(["exit_layer", "head", "k", "variant", "typo", "threshold"]), anything, max_size=2
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    drafter=st.sampled_from(["early_exit", "none", "nope", None]),
+    drafter_options=st.one_of(st.none(), option_dicts),
+    controller=st.sampled_from(["fixed", "thompson", "missing"]),
+    controller_options=st.one_of(st.none(), option_dicts),
+    max_draft_tokens=st.one_of(st.integers(-2, 70), st.floats(), st.text(max_size=2)),
+)
+def test_random_configurations(drafter, drafter_options, controller, controller_options, max_draft_tokens) -> None:  # noqa: ANN001
+    try:
+        SpeculativeDecoder(MODEL, drafter=drafter, drafter_options=drafter_options, controller=controller,
+                           controller_options=controller_options, max_draft_tokens=max_draft_tokens)
+    except EESDError:
+        pass
+
+
+DECODER = SpeculativeDecoder(MODEL, drafter="early_exit", drafter_options={"exit_layer": 1},
+                             controller="fixed", controller_options={"k": 3})
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    ids=st.one_of(st.lists(st.integers(-3, 40), max_size=6), st.text(max_size=3), st.none(),
+                  st.lists(st.floats(), min_size=1, max_size=3)),
+    max_new_tokens=st.one_of(st.integers(-3, 8), st.floats(), st.none()),
+    temperature=st.one_of(st.floats(-1, 3), st.just(float("nan")), st.just(float("inf"))),
+    top_k=st.integers(-2, 40),
+    top_p=st.floats(-0.5, 1.5),
+    seed=st.one_of(st.none(), st.integers(0, 2**32)),
+)
+def test_random_generate_arguments(ids, max_new_tokens, temperature, top_k, top_p, seed) -> None:  # noqa: ANN001
+    try:
+        out = DECODER.generate(ids, max_new_tokens=max_new_tokens, temperature=temperature,
+                               top_k=top_k, top_p=top_p, seed=seed)
+    except EESDError:
+        return
+    assert out.sequences.shape[1] <= len(ids) + max_new_tokens
+    assert int(out.sequences.max()) < 31
+
+
+@pytest.mark.parametrize("ids", [torch.tensor([[1, 2]], dtype=torch.int32), torch.tensor([3, 4])])
+def test_integer_tensors_of_any_width_are_accepted(ids: torch.Tensor) -> None:
+    assert DECODER.generate(ids, max_new_tokens=2).sequences.shape[1] == ids.numel() + 2
