@@ -43,7 +43,7 @@ def examples(n: int) -> Any:
     The factory fixtures are stateless and the contracts use no per-example setup, so the health
     checks against function-scoped fixtures and against one test run by several classes do not apply.
     """
-    scaled = max(1, n * settings.default.max_examples // 100)
+    scaled = max(1, n * settings().max_examples // 100)
     quiet = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.differing_executors]
     return settings(max_examples=scaled, suppress_health_check=quiet)
 

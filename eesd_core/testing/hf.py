@@ -43,7 +43,7 @@ def tiny_llama(
     generator_state = torch.get_rng_state()
     torch.manual_seed(seed)
     try:
-        model = LlamaForCausalLM(LlamaConfig(**settings))
+        model: Any = LlamaForCausalLM(LlamaConfig(**settings))
     finally:
         torch.set_rng_state(generator_state)
     with torch.no_grad():

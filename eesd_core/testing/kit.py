@@ -67,7 +67,7 @@ def installed(subjects: dict[str, Callable[[], Any]] | None = None) -> Iterator[
     manager = Manager()
     for name, loaded in previous.pm.list_name_plugin():
         info = previous.info.get(name)
-        manager.register(loaded, name, info and info.distribution, info and info.version)
+        manager.register(loaded, name, info.distribution if info else None, info.version if info else None)
     plugin = KitPlugin(subjects)
     manager.register(plugin, KIT_PLUGIN)
     reset_manager(manager)

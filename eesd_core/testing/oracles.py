@@ -89,7 +89,12 @@ def step_distribution(
 ) -> dict[tuple[int, int], float]:
     """P(n, token) of ``verifier`` for fixed drafts, by enumerating its randomness."""
     drafts = torch.tensor(list(draft_tokens), dtype=torch.long)
-    return distribution(enumerate_runs(lambda rng: tuple(verifier.verify(drafts, q, p, rng))))
+
+    def run(rng: EnumeratingRandom) -> tuple[int, int]:
+        n, token = verifier.verify(drafts, q, p, rng)
+        return int(n), int(token)
+
+    return distribution(enumerate_runs(run))
 
 
 def round_distribution(

@@ -5,6 +5,13 @@ first rejection, emit a token from norm(max(0, p_i - q_i)) and stop; after k acc
 bonus token from p_k. The committed tokens then follow p exactly (Leviathan et al. 2023, Chen et al.
 2023). A deterministic drafter passes ``q=None``: q_i is one-hot on d_i. At temperature 0 p and q are
 one-hot, so acceptance is ``d_i == argmax p_i`` and no randomness is drawn.
+
+Randomness comes only from the RandomSource: ``bernoulli(min(1, p_i(d_i) / q_i(d_i)))`` once per
+draft, in order, until the first rejection (a certain outcome, 0 or 1, is still asked, so a source
+may count draws per draft as transformers does), then ``categorical`` for the emitted token unless
+its distribution has a single token. A draft with q_i(d_i) = 0, which sampling from q never
+proposes, is rejected without a draw. Ties in p are settled before the verifier, by
+:func:`~eesd_core.sampling.one_hot_argmax` taking the first maximum.
 """
 
 from __future__ import annotations
