@@ -1,14 +1,15 @@
 """The plug-in kit works from outside: each package in plugins/ installs, is found, passes its tests.
 
-Each package is pip-installed (not editable, no dependencies, no build isolation) from a copy of
-its sources, so the build leaves nothing behind, into a temporary folder that only child processes
-put on their path, so this test session and the venv stay as they were. The children then look the
+Each package is pip-installed (not editable, no dependencies) from a copy of its sources, so the
+build leaves nothing behind, into a temporary folder that only child processes put on their path,
+so this test session and the venv stay as they were. The children then look the
 plug-in up through its own distribution's entry point and run the package's own test suite,
 contract tests included, with pytest.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -39,6 +40,8 @@ print("found", info.name, info.distribution, info.version)
 def site(tmp_path_factory):
     target, copies = tmp_path_factory.mktemp("site"), tmp_path_factory.mktemp("sources")
     sources = [str(shutil.copytree(PLUGINS / folder, copies / folder)) for folder in PACKAGES]
+    # Offline with the venv's setuptools when it has one (fast); else pip fetches a build backend.
+    offline = ["--no-build-isolation", "--no-index"] if importlib.util.find_spec("setuptools") else []
     subprocess.run(
         [
             sys.executable,
@@ -47,8 +50,7 @@ def site(tmp_path_factory):
             "install",
             "--quiet",
             "--no-deps",
-            "--no-build-isolation",
-            "--no-index",
+            *offline,
             "--target",
             str(target),
             *sources,
