@@ -98,3 +98,14 @@ def test_randomness_comes_only_from_the_source(step):
     n, token = LosslessVerifier().verify(torch.tensor(drafts, dtype=torch.long), q, p, EnumeratingRandom())
     assert type(n) is int and type(token) is int and 0 <= n <= len(drafts)
     assert torch.equal(torch.get_rng_state(), torch_state) and random.getstate() == python_state
+
+
+@given(st.integers(2, 5).flatmap(lambda v: st.tuples(es.prob_matrices(2, v), es.prob_matrices(1, v))))
+def test_the_closed_form_itself_gives_p_for_the_first_token(rows):
+    """Independent of any verifier: drafts from q, then the closed form, leave the first token ~ p_0."""
+    p, q = rows
+    first = torch.zeros(p.shape[1], dtype=torch.float64)
+    for draft in q[0].nonzero().view(-1).tolist():
+        for (n, token), prob in lossless_step([draft], q, p).items():
+            first[draft if n else token] += float(q[0, draft]) * prob
+    assert torch.allclose(first, p[0], rtol=0, atol=1e-12)
