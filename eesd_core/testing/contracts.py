@@ -22,10 +22,12 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from eesd_core.protocols import Controller, Drafter, Verifier
+from eesd_core.protocols import Controller, Drafter, SamplingParams, Verifier
 from eesd_core.testing import strategies as es
 from eesd_core.testing.checks import (
     check_bounds,
@@ -34,7 +36,9 @@ from eesd_core.testing.checks import (
     check_lossless,
     check_round,
 )
+from eesd_core.testing.controllers import ErraticController
 from eesd_core.testing.kit import TOY, Setup
+from eesd_core.testing.toy import ToyModel
 
 
 def examples(n: int) -> Any:
@@ -49,6 +53,15 @@ def examples(n: int) -> Any:
 
 
 _SMALL_MODELS = es.toy_models(vocab_sizes=st.integers(2, 3), windows=st.integers(0, 1))
+
+
+def bigram_model(seed: int, num_layers: int = 3) -> ToyModel:
+    """A fixed two-token bigram target whose draft table disagrees with it."""
+    generator = torch.Generator().manual_seed(seed)
+    tables = torch.rand(2, 3, 2, generator=generator, dtype=torch.float64)
+    return ToyModel(tables[0], tables[1], window=1, num_layers=num_layers)
+
+
 _DRAFTERS = st.sampled_from([(TOY, {}), (TOY, {"deterministic": True}), ("early_exit", {})])
 
 
@@ -86,6 +99,12 @@ class ControllerContract:
             model, drafter=name, drafter_options=options, controller=make_controller, max_draft_tokens=2
         )
         check_lossless(setup, data.draw(es.prompts(model.vocab_size, 2)), 3, sampling)
+
+    @pytest.mark.parametrize("drafter", [TOY, "early_exit"])
+    def test_lossless_over_more_rounds(self, make_controller: Any, drafter: str) -> None:
+        """Four tokens, up to three drafts a round: the controller learns across rounds."""
+        setup = Setup(bigram_model(0), drafter=drafter, controller=make_controller, max_draft_tokens=3)
+        check_lossless(setup, [1], 4, SamplingParams(1.0))
 
     @examples(15)
     @given(model=es.toy_models(vocab_sizes=st.integers(2, 4)), drafter=_DRAFTERS, data=st.data())
@@ -126,6 +145,18 @@ class DrafterContract:
         model = data.draw(es.toy_models(num_layers=self.toy_layers))
         setup = Setup(model, drafter=make_drafter, controller=lambda: replace(controller), max_draft_tokens=2)
         check_lossless(setup, data.draw(es.prompts(model.vocab_size, 2)), 3, sampling)
+
+    @pytest.mark.parametrize("schedule", [(True,), (True, True, False), (False, True)])
+    def test_lossless_over_more_rounds(self, make_drafter: Any, schedule: tuple[bool, ...]) -> None:
+        """Four tokens, up to three drafts a round, rounds of every length."""
+        controller = ErraticController(schedule)
+        setup = Setup(
+            bigram_model(1, num_layers=4),
+            drafter=make_drafter,
+            controller=lambda: replace(controller),
+            max_draft_tokens=3,
+        )
+        check_lossless(setup, [0], 4, SamplingParams(0.8))
 
     @examples(15)
     @given(data=st.data(), controller=es.erratic_controllers())
