@@ -20,7 +20,14 @@ from eesd_core.costs import CostTracker
 from eesd_core.errors import ConfigError, InputError
 from eesd_core.guards import Guarded
 from eesd_core.models import find_adapter
-from eesd_core.protocols import DraftContext, Proposal, Request, RoundOutcome, SamplingParams
+from eesd_core.protocols import (
+    DraftContext,
+    Proposal,
+    RandomSource,
+    Request,
+    RoundOutcome,
+    SamplingParams,
+)
 from eesd_core.registry import get_manager
 from eesd_core.sampling import TorchRandom, check_finite, process_logits
 from eesd_core.stats import GenerationStats, RoundStats
@@ -43,7 +50,7 @@ class _Generation:
     config: GenerationConfig
     sampling: SamplingParams
     cache: KVCache
-    rng: TorchRandom
+    rng: RandomSource
     stats: GenerationStats
     done: bool = False
 
@@ -96,6 +103,7 @@ class SpeculativeDecoder:
         self.verifier = self._build("verifier", cfg.verifier, cfg.verifier_options)
         self.guard = Guarded(self.adapter.vocab_size, cfg.drafter, cfg.controller, cfg.verifier)
         self.costs = CostTracker(cfg.max_draft_tokens)
+        self.clock = time.perf_counter  # seconds; the test kit substitutes a deterministic clock
         self.last_stats: GenerationStats | None = None
         self.state: _Generation | None = None
         self._observe = self.manager.has_observers("eesd_round_end")
@@ -132,29 +140,33 @@ class SpeculativeDecoder:
 
     # -- public API ---------------------------------------------------------------------------
 
-    def generate(self, input_ids: Any, **kwargs: Any) -> GenerationResult:
+    def generate(self, input_ids: Any, *, rng: RandomSource | None = None, **kwargs: Any) -> GenerationResult:
         """Generate up to ``max_new_tokens`` after ``input_ids`` (``[1, T]``, ``[T]`` or a list).
 
         Keywords: ``max_new_tokens=128, temperature=0.0, top_k=0, top_p=1.0, seed=None,
         eos_token_id=None`` (``None``: the model's own EOS ids, as transformers uses them; ``[]``:
         never stop early). At temperature 0 the tokens equal the target's greedy decoding.
+        ``rng``: draw every random choice from this RandomSource instead of ``TorchRandom(seed)``
+        (the test kit enumerates all outcomes through it).
         """
         prompt = self._prompt(input_ids)
         new: list[int] = []
-        for chunk in self.stream(prompt, **kwargs):
+        for chunk in self.stream(prompt, rng=rng, **kwargs):
             new.extend(chunk)
         sequences = torch.tensor([prompt + new], dtype=torch.long)
         assert self.last_stats is not None
         return GenerationResult(sequences=sequences, stats=self.last_stats)
 
-    def stream(self, input_ids: Any, **kwargs: Any) -> Iterator[list[int]]:
+    def stream(
+        self, input_ids: Any, *, rng: RandomSource | None = None, **kwargs: Any
+    ) -> Iterator[list[int]]:
         """Yield the new tokens of each round as soon as they are committed."""
         if kwargs.get("eos_token_id") is None:
             kwargs["eos_token_id"] = self._default_eos()
         config = generation_config(**kwargs)
         prompt = self._prompt(input_ids)
         self._check_length(len(prompt), config.max_new_tokens)
-        return self._run(prompt, config)
+        return self._run(prompt, config, rng if rng is not None else TorchRandom(config.seed))
 
     def _default_eos(self) -> list[int]:
         """The model's own end-of-sequence ids, as transformers' ``generate()`` uses them."""
@@ -201,8 +213,8 @@ class SpeculativeDecoder:
                 f"the model's context of {limit} tokens: shorten the prompt or lower max_new_tokens."
             )
 
-    def _run(self, prompt: list[int], config: GenerationConfig) -> Iterator[list[int]]:
-        started = time.perf_counter()
+    def _run(self, prompt: list[int], config: GenerationConfig, rng: RandomSource) -> Iterator[list[int]]:
+        started = self.clock()
         sampling = SamplingParams(config.temperature, config.top_k, config.top_p)
         g = _Generation(
             history=list(prompt),
@@ -210,7 +222,7 @@ class SpeculativeDecoder:
             config=config,
             sampling=sampling,
             cache=self.adapter.new_cache(),
-            rng=TorchRandom(config.seed),
+            rng=rng,
             stats=GenerationStats(prompt_tokens=len(prompt)),
         )
         self.last_stats, self.state = g.stats, g
@@ -221,10 +233,10 @@ class SpeculativeDecoder:
             self._prefill(g)
             if self.drafter is not None:
                 self.guard.call_controller("start", self.controller.start, request)
-            g.stats.prefill_time = time.perf_counter() - started
+            g.stats.prefill_time = self.clock() - started
             while not g.done:
                 committed = self._round(g)
-                g.stats.total_time = time.perf_counter() - started
+                g.stats.total_time = self.clock() - started
                 if committed:
                     yield committed
         if self.manager.has_observers("eesd_generation_end"):
@@ -248,14 +260,14 @@ class SpeculativeDecoder:
         position = len(g.history) - 1
         pending = g.history[-1]
         costs = self.costs.snapshot()
-        t0 = time.perf_counter()
+        t0 = self.clock()
         proposal = self._propose(
             g, pending, position, min(self.config.max_draft_tokens, g.remaining - 1), costs
         )
-        t1 = time.perf_counter()
+        t1 = self.clock()
         p = self._target(g, pending, proposal, position)  # [k+1, V]
         n, token = self.guard.verify(self.verifier, proposal, p, g.rng)
-        t2 = time.perf_counter()
+        t2 = self.clock()
         committed = proposal.tokens[:n].tolist() + [token]
         self._rollback(g, position + n + 1)
         self.costs.observe(proposal.k, t1 - t0, t2 - t1)

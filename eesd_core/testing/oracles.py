@@ -7,11 +7,9 @@
 * :func:`engine_distribution` does the same for whole generations of the real engine.
 
 :func:`engine_distribution` needs all of a generation's randomness to come from its
-:class:`~eesd_core.protocols.RandomSource`. The engine makes that source itself (``TorchRandom(seed)``
-in ``SpeculativeDecoder._run``), so for the duration of the call the kit replaces
-``eesd_core.engine.TorchRandom`` with a factory returning the enumerating source, and
-``eesd_core.engine.time`` with a clock that ticks a fixed step per reading, so that controllers that
-weigh measured costs decide the same way on every replay. Each run builds a fresh decoder, so
+:class:`~eesd_core.protocols.RandomSource`: it passes the enumerating source as ``generate(rng=...)``
+and sets the decoder's ``clock`` to one that ticks a fixed step per reading, so that controllers
+that weigh measured costs decide the same way on every replay. Each run builds a fresh decoder, so
 controllers and drafters start from their initial state, and reseeds Python's and torch's global
 generators (restored afterwards). Tensors are tiny, so torch runs on one thread meanwhile: on a busy
 machine its thread pool would cost more than the work.
@@ -23,13 +21,10 @@ import math
 import random
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from types import SimpleNamespace
 from typing import Any
-from unittest import mock
 
 import torch
 
-from eesd_core import engine
 from eesd_core.protocols import RandomSource, SamplingParams, Verifier
 from eesd_core.sampling import residual
 from eesd_core.testing.errors import DistributionMismatch
@@ -129,24 +124,24 @@ def round_distribution(
     return distribution(enumerate_runs(run))
 
 
+class _FixedStepClock:
+    """A clock that advances 1 ms per reading, so measured costs replay identically."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 1e-3
+        return self.now
+
+
 @contextmanager
-def _engine_randomness() -> Iterator[SimpleNamespace]:
-    """Route the engine's randomness to ``slot.rng`` and its clock to a fixed-step counter."""
-    slot = SimpleNamespace(rng=None, now=0.0)
-
-    def perf_counter() -> float:
-        slot.now += 1e-3
-        return slot.now
-
-    clock = SimpleNamespace(perf_counter=perf_counter)
+def _quiet_globals() -> Iterator[None]:
+    """Restore global generators afterwards; one torch thread meanwhile (tiny tensors)."""
     torch_state, python_state, threads = torch.get_rng_state(), random.getstate(), torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        with (
-            mock.patch.object(engine, "TorchRandom", lambda seed=None, device="cpu": slot.rng),
-            mock.patch.object(engine, "time", clock),
-        ):
-            yield slot
+        yield
     finally:
         torch.set_rng_state(torch_state)
         random.setstate(python_state)
@@ -164,11 +159,13 @@ def engine_distribution(
     """P(new tokens) of ``setup``'s decoder generating after ``prompt``, exactly, by enumeration."""
 
     def run(rng: RandomSource) -> tuple[int, ...]:
-        slot.rng, slot.now = rng, 0.0
         random.seed(0)
         torch.default_generator.manual_seed(0)
-        result = setup.build().generate(
+        decoder = setup.build()
+        decoder.clock = _FixedStepClock()
+        result = decoder.generate(
             list(prompt),
+            rng=rng,
             max_new_tokens=max_new_tokens,
             temperature=sampling.temperature,
             top_k=sampling.top_k,
@@ -178,7 +175,7 @@ def engine_distribution(
         )
         return tuple(result.sequences[0, len(prompt) :].tolist())
 
-    with installed(setup.subjects()), _engine_randomness() as slot:
+    with installed(setup.subjects()), _quiet_globals():
         return distribution(enumerate_runs(run, max_runs))
 
 

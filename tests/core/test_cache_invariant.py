@@ -11,7 +11,7 @@ import random
 
 import pytest
 import torch
-from conftest import make_tiny
+from tinymodels import make_tiny
 from eesd_early_exit.head import ExitHead
 from transformers import DynamicCache
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from conftest import make_tiny
+from tinymodels import make_tiny
 
 from eesd_core import SpeculativeDecoder, hookimpl
 from eesd_core.errors import NumericalError, PluginFault

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import make_tiny
+from tinymodels import make_tiny
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -6,7 +6,7 @@ import gc
 import os
 
 import pytest
-from conftest import make_tiny
+from tinymodels import make_tiny
 
 from eesd_core import SpeculativeDecoder
 

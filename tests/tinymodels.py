@@ -1,0 +1,54 @@
+"""Tiny random models of each supported family, built in-process (no downloads)."""
+
+from __future__ import annotations
+
+import torch
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
+# Tiny models gain nothing from threads, and on a busy machine spinning threads cost 10-100x.
+torch.set_num_threads(1)
+
+FAMILIES = {
+    "llama": (LlamaConfig, LlamaForCausalLM),
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+    "mistral": (MistralConfig, MistralForCausalLM),
+}
+
+
+def make_tiny(
+    family: str = "llama",
+    seed: int = 0,
+    vocab: int = 97,
+    layers: int = 4,
+    dtype: torch.dtype = torch.float64,
+    **overrides: object,
+) -> torch.nn.Module:
+    """A random model of ``family`` small enough to run hundreds of rounds in a second."""
+    config_cls, model_cls = FAMILIES[family]
+    torch.manual_seed(seed)
+    settings = dict(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    if family == "qwen3":
+        settings["head_dim"] = 8
+    settings.update(overrides)
+    return model_cls(config_cls(**settings)).to(dtype).eval()
