@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     from eesd_core.demo import add_demo
 
     add_demo(sub)
+    from eesd_core.bench.cli import add_bench
+
+    add_bench(sub)
     try:
         from eesd_core.registry import get_manager
 

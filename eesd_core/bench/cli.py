@@ -1,0 +1,167 @@
+"""``eesd bench``: run the Spec-Bench protocol on a set of methods and write JSON, Markdown and a plot."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from eesd_core.bench.methods import GROUPS, PRESETS, expand_methods
+from eesd_core.bench.prompts import DEFAULT_QUESTIONS, load_questions, select
+from eesd_core.bench.runners import BenchSettings, find_head, resolve_exit_layer
+
+
+def benchmarks_dir() -> Path:
+    """The repository's ``benchmarks/`` when run from a checkout, else ``./benchmarks``."""
+    checkout = Path(__file__).resolve().parents[2] / "benchmarks"
+    return checkout if checkout.is_dir() else Path("benchmarks")
+
+
+def add_bench(sub: Any) -> None:
+    parser = sub.add_parser(
+        "bench",
+        help="benchmark methods on Spec-Bench prompts (interleaved, batch size 1)",
+        description=__doc__,
+    )
+    parser.add_argument(
+        "--model", default="smollm2-135m-instruct", help="checkpoint directory or known model"
+    )
+    parser.add_argument("--cache-dir", default=None, help="where fetched models live")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "float64"])
+    parser.add_argument("--questions", default=str(DEFAULT_QUESTIONS), help="Spec-Bench question.jsonl")
+    parser.add_argument(
+        "--per-category",
+        type=int,
+        default=None,
+        metavar="N",
+        help="N questions of each category (default: all)",
+    )
+    parser.add_argument(
+        "--subset-seed",
+        type=int,
+        default=None,
+        help="draw the N at random with this seed instead of taking the first N",
+    )
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        default=["default"],
+        metavar="METHOD",
+        help=f"presets ({', '.join(PRESETS)}), groups ({', '.join(GROUPS)}) or "
+        "KIND:key=value,... specs (see eesd_core.bench.methods)",
+    )
+    parser.add_argument("--baseline", default="hf", help="the method speedups are relative to")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy; > 0: sampled")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed of the first prompt (+1 each)")
+    parser.add_argument("--exit-layer", type=int, default=None, help="N for every early-exit method")
+    parser.add_argument("--head", default="auto", help="exit-head file, 'none' (untrained) or 'auto'")
+    parser.add_argument("--max-draft-tokens", type=int, default=8)
+    parser.add_argument("--runs", type=int, default=1, help="repeat the whole set (Spec-Bench reports 3)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--group-by", default="task", choices=["task", "category"])
+    parser.add_argument(
+        "--memory",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="probe each method's peak memory in a fresh process",
+    )
+    parser.add_argument("--modelled", action="store_true", help="add the modelled speedup by alpha and k")
+    parser.add_argument("--out", default=None, help="output directory (default benchmarks/out/<time>)")
+    parser.add_argument("--record", action="store_true", help="also copy the results to benchmarks/results/")
+    parser.add_argument("--name", default=None, help="model label in recorded file names")
+    parser.add_argument("--no-progress", action="store_true")
+    parser.set_defaults(func=run_bench)
+
+
+def _head(choice: str, model_dir: Path, exit_layer: int | None) -> str | None:
+    if choice == "none":
+        return None
+    if choice == "auto":
+        return find_head(model_dir, exit_layer)
+    return str(Path(choice).expanduser())
+
+
+def _load(args: argparse.Namespace) -> tuple[Any, Any, Path]:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging
+
+    from eesd_core.models.fetch import resolve_model
+
+    logging.set_verbosity_error()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    path = resolve_model(args.model, cache_dir=args.cache_dir)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, args.dtype)).eval()
+    return model, AutoTokenizer.from_pretrained(path), path
+
+
+def _registered() -> dict[str, list[str]]:
+    from eesd_core.registry import KINDS, get_manager
+
+    manager = get_manager()
+    return {kind: manager.registry(kind).names() for kind in KINDS}
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from eesd_core.bench.session import Session
+    from eesd_core.cli import encode_prompt
+
+    methods, notes = expand_methods(args.methods, _registered())
+    questions = select(load_questions(args.questions), args.per_category, args.subset_seed)
+    model, tokenizer, path = _load(args)
+    prompts = [(q, encode_prompt(tokenizer, q.text)) for q in questions]
+    settings = BenchSettings(
+        args.max_new_tokens,
+        args.temperature,
+        args.seed,
+        args.exit_layer,
+        _head(args.head, path, args.exit_layer),
+        args.max_draft_tokens,
+    )
+    num_layers = getattr(model, model.base_model_prefix).config.num_hidden_layers
+    name = args.name or (args.model if "/" not in args.model else path.name)
+    session = Session(model, prompts, methods, settings, notes=notes, model_name=args.model)
+    result = session.run(
+        baseline=args.baseline, runs=args.runs, group_by=args.group_by, progress=not args.no_progress
+    )
+    result["settings"].update(
+        model=str(path),
+        dtype=args.dtype,
+        questions=args.questions,
+        per_category=args.per_category,
+        subset_seed=args.subset_seed,
+        runs=args.runs,
+        exit_layer_used=resolve_exit_layer(settings, num_layers),
+    )
+    if args.memory:
+        session.add_memory(result, str(path), args.dtype, args.threads)
+    if args.modelled:
+        session.add_modelled(result)
+    if any(m.kind == "oracle" for m in methods):
+        session.add_oracle(result)
+    out = Path(args.out) if args.out else benchmarks_dir() / "out" / datetime.now().strftime("%Y%m%d-%H%M%S")
+    files = session.write(result, out)
+    print(session.overview(result))
+    for file in files:
+        print(f"wrote {file}", file=sys.stderr)
+    if args.record:
+        for file in record(files, benchmarks_dir() / "results", name, settings):
+            print(f"recorded {file}", file=sys.stderr)
+    return 0
+
+
+def record(files: list[Path], target: Path, name: str, settings: BenchSettings) -> list[Path]:
+    """Copy a run's files to ``target`` as ``<name>-<greedy|tX>.<ext>``, replacing the previous ones."""
+    mode = "greedy" if settings.greedy else f"t{settings.temperature:g}"
+    target.mkdir(parents=True, exist_ok=True)
+    copied = []
+    for file in files:
+        copy = target / f"{name}-{mode}{file.suffix}"
+        shutil.copyfile(file, copy)
+        copied.append(copy)
+    return copied
