@@ -44,7 +44,8 @@ class KVCache:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         keys, values = self.keys[layer], self.values[layer]
         if keys is None or values is None or keys.shape[-2] < needed:
-            size = max(needed, self.capacity, 2 * (keys.shape[-2] if keys is not None else 0))
+            old = keys.shape[-2] if keys is not None else 0
+            size = max(needed, self.capacity, old + old // 2)
             keys = self._grow(keys, key, size)
             values = self._grow(values, value, size)
             self.keys[layer], self.values[layer] = keys, values

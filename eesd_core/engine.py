@@ -221,7 +221,7 @@ class SpeculativeDecoder:
             prompt_length=len(prompt),
             config=config,
             sampling=sampling,
-            cache=self.adapter.new_cache(),
+            cache=self.adapter.new_cache(capacity=self._capacity(len(prompt), config.max_new_tokens)),
             rng=rng,
             stats=GenerationStats(prompt_tokens=len(prompt)),
         )
@@ -241,6 +241,10 @@ class SpeculativeDecoder:
                     yield committed
         if self.manager.has_observers("eesd_generation_end"):
             self.manager.pm.hook.eesd_generation_end(stats=g.stats)
+
+    def _capacity(self, prompt_length: int, max_new_tokens: int) -> int:
+        """Cache slots to reserve: enough for a typical reply, so the buffers rarely grow."""
+        return prompt_length + min(max_new_tokens, 512) + self.config.max_draft_tokens + 1
 
     def _prefill(self, g: _Generation) -> None:
         """Fill every cache with the prompt but its last token, which becomes the pending one."""

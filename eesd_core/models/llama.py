@@ -56,8 +56,8 @@ class LlamaFamilyAdapter:
     def device(self) -> torch.device:
         return self.model.lm_head.weight.device
 
-    def new_cache(self, num_layers: int | None = None) -> KVCache:
-        return KVCache(self.num_layers if num_layers is None else num_layers)
+    def new_cache(self, num_layers: int | None = None, capacity: int = 64) -> KVCache:
+        return KVCache(self.num_layers if num_layers is None else num_layers, capacity)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """Token ids ``[m]`` to input hidden states ``[1, m, H]``."""
