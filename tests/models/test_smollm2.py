@@ -1,0 +1,47 @@
+"""On the real SmolLM2-135M-Instruct, EESD's greedy output equals transformers' token for token."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.model, pytest.mark.slow]
+
+PROMPTS = [
+    "Write a Python function that reverses a string.",
+    "What is the capital of France, and why is it famous?",
+    "Translate to German: The weather is nice today.",
+]
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from eesd_core.errors import ModelFetchError
+    from eesd_core.models.fetch import fetch_model
+
+    try:
+        path = fetch_model(progress=False)
+    except ModelFetchError as exc:
+        pytest.skip(f"SmolLM2 could not be fetched here: {exc}")
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    return model, AutoTokenizer.from_pretrained(str(path))
+
+
+@pytest.mark.parametrize("options", [
+    dict(drafter="early_exit", drafter_options={}, controller="thompson"),
+    dict(drafter="early_exit", drafter_options={"exit_layer": 6, "head": None},
+         controller="fixed", controller_options={"k": 3}),
+], ids=["default", "untrained-fixed3"])
+def test_greedy_equals_transformers(smollm2, options: dict) -> None:
+    from eesd_core import SpeculativeDecoder
+
+    model, tok = smollm2
+    dec = SpeculativeDecoder(model, tokenizer=tok, **options)
+    for prompt in PROMPTS:
+        ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                      return_tensors="pt")["input_ids"]
+        expected = model.generate(ids, max_new_tokens=40, do_sample=False)
+        out = dec.generate(ids, max_new_tokens=40)
+        assert out.sequences.tolist() == expected.tolist(), prompt
