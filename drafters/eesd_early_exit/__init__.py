@@ -3,6 +3,7 @@
 Drafting runs layers [0, N) of the target on one token at a time, writing the target's own KV cache
 for those layers, and the exit head turns the layer-N state into q. Verification then runs only
 layers [N, L) over the layer-N states already computed: the first N layers never run twice.
+``eesd distill`` (:mod:`eesd_early_exit.distill`) trains the exit head by self-distillation.
 """
 
 from __future__ import annotations
@@ -18,3 +19,10 @@ __all__ = ["EarlyExitDrafter", "EarlyExitOptions"]
 @hookimpl
 def eesd_register_drafters(register: Any) -> None:
     register.add("early_exit", EarlyExitDrafter, options=EarlyExitOptions)
+
+
+@hookimpl
+def eesd_cli_commands(subparsers: Any) -> None:
+    from eesd_early_exit.distill import add_distill_command
+
+    add_distill_command(subparsers)

@@ -1,0 +1,288 @@
+"""Distillation data: the frozen target answers prompts, and we keep what the exit head learns from.
+
+Generation is batched (left padding, one shared cache, positions per row). At every position it keeps
+the layer-N hidden state h_N, the exit head's input, and at every position that predicts a response
+token the teacher's top-k log-probabilities of the final layer. Both come out of the forward passes
+that generate the text, so the data costs no more than generating it. Prompt positions keep h_N too:
+they are the context the exit layer attends to, as its KV cache does at decode time.
+
+Each batch of prompts becomes one safetensors shard, written atomically; a shard that exists with
+the same settings is skipped, so an interrupted run resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from eesd_core.errors import ConfigError
+from eesd_core.protocols import ModelAdapter
+
+
+@dataclass(frozen=True)
+class CaptureSettings:
+    """What a shard depends on; a work directory holds data of one setting only."""
+
+    exit_layer: int
+    max_new_tokens: int
+    top_k: int = 64
+    temperature: float = 0.0
+    batch_size: int = 16
+    seed: int = 0
+
+
+@dataclass
+class Sample:
+    """One prompt and its response. ``hidden``: h_N ``[plen + R - 1, H]``; top-k: ``[R, K]``."""
+
+    tokens: torch.Tensor
+    prompt_length: int
+    hidden: torch.Tensor
+    topk_logprobs: torch.Tensor
+    topk_ids: torch.Tensor
+
+    @property
+    def response(self) -> torch.Tensor:
+        return self.tokens[self.prompt_length :]
+
+
+def generate_shards(
+    adapter: ModelAdapter,
+    prompts: list[list[int]],
+    work_dir: str | Path,
+    settings: CaptureSettings,
+    eos_ids: list[int],
+    progress: bool = True,
+    fingerprint: str = "",
+) -> list[Path]:
+    """Generate (or find) every shard for ``prompts``; returns the shard paths in order."""
+    from tqdm.auto import tqdm
+
+    work_dir = Path(work_dir)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
+    chunks = [order[i : i + settings.batch_size] for i in range(0, len(order), settings.batch_size)]
+    paths = []
+    bar = tqdm(chunks, desc="generate", unit="batch", disable=not progress)
+    for index, chunk in enumerate(bar):
+        batch = [prompts[i] for i in chunk]
+        meta = _shard_metadata(settings, batch, fingerprint)
+        path = work_dir / f"shard-{index:05d}.safetensors"
+        if not _shard_is_done(path, meta):
+            generator = torch.Generator().manual_seed(settings.seed * 100_003 + index)
+            samples = capture_batch(adapter, batch, settings, eos_ids, generator)
+            write_shard(path, samples, meta)
+        paths.append(path)
+    return paths
+
+
+def _shard_metadata(settings: CaptureSettings, batch: list[list[int]], fingerprint: str) -> dict[str, str]:
+    digest = hashlib.sha256(json.dumps(batch).encode()).hexdigest()[:32]
+    return {
+        "settings": json.dumps(asdict(settings), sort_keys=True),
+        "prompts": digest,
+        "target": fingerprint,
+    }
+
+
+def _shard_is_done(path: Path, meta: dict[str, str]) -> bool:
+    if not path.is_file():
+        return False
+    with safe_open(str(path), framework="pt") as f:
+        found = f.metadata() or {}
+    if found != meta:
+        raise ConfigError(
+            f"{str(path)!r} holds data generated with other settings, prompts or target. "
+            "Use another work directory, or delete this one to regenerate."
+        )
+    return True
+
+
+@torch.no_grad()
+def capture_batch(
+    adapter: ModelAdapter,
+    prompts: list[list[int]],
+    settings: CaptureSettings,
+    eos_ids: list[int],
+    generator: torch.Generator,
+) -> list[Sample]:
+    """Generate responses to ``prompts`` together, keeping h_N and the teacher's top-k per position."""
+    device = adapter.device
+    batch, longest = len(prompts), max(len(p) for p in prompts)
+    total = longest + settings.max_new_tokens
+    ids = torch.zeros(batch, longest, dtype=torch.long, device=device)
+    valid = torch.zeros(batch, total, dtype=torch.bool, device=device)
+    for b, prompt in enumerate(prompts):
+        ids[b, longest - len(prompt) :] = torch.tensor(prompt, device=device)
+        valid[b, longest - len(prompt) : longest] = True
+    positions = (valid[:, :longest].long().cumsum(1) - 1).clamp_min(0)  # [B, P]
+    cache = adapter.new_cache(capacity=total)
+    h, logits = _forward(adapter, ids, positions, valid[:, :longest], cache, settings.exit_layer)
+    hiddens, tops, steps = [h], [], []
+    for t in range(settings.max_new_tokens):
+        logprobs = torch.log_softmax(logits.float(), dim=-1)  # [B, V]
+        tops.append(logprobs.topk(settings.top_k, dim=-1))
+        token = _choose(logits, settings.temperature, generator)  # [B]
+        steps.append(token)
+        finished = _finished(torch.stack(steps, 1), eos_ids)
+        if bool(finished.all()) or t == settings.max_new_tokens - 1:
+            break
+        valid[:, longest + t] = True
+        position = positions[:, -1:] + 1 + t
+        h, logits = _forward(
+            adapter, token.view(-1, 1), position, valid[:, : longest + t + 1], cache, settings.exit_layer
+        )
+        hiddens.append(h)
+    return _split(prompts, torch.cat(hiddens, 1), tops, torch.stack(steps, 1), eos_ids, longest)
+
+
+def _forward(
+    adapter: Any, ids: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor, cache: Any, exit_layer: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """All layers over ``ids`` ``[B, m]``: returns h_N ``[B, m, H]`` and the last column's logits."""
+    batch, m = ids.shape
+    x = adapter.embed(ids.reshape(-1)).view(batch, m, -1)
+    rotary = adapter.backbone.rotary_emb(x, positions)
+    masks: dict[int | None, torch.Tensor] = {}
+    exit_hidden = x
+    for index, layer in enumerate(adapter.layers):
+        window = adapter.windows[index]
+        if window not in masks:
+            masks[window] = _padded_mask(valid, m, window, x.dtype)
+        x = adapter.call_layer(layer, x, masks[window], rotary, cache)
+        if index + 1 == exit_layer:
+            exit_hidden = x
+    return exit_hidden, adapter.model.lm_head(adapter.norm(x[:, -1]))
+
+
+def _padded_mask(valid: torch.Tensor, m: int, window: int | None, dtype: torch.dtype) -> torch.Tensor:
+    """Additive mask ``[B, 1, m, total]``: causal, no padding keys, windowed for sliding layers."""
+    total = valid.shape[1]
+    rows = torch.arange(total - m, total, device=valid.device).view(-1, 1)
+    cols = torch.arange(total, device=valid.device).view(1, -1)
+    allowed = (cols <= rows) & valid[:, None, :]
+    if window is not None:
+        allowed &= cols > rows - window
+    allowed |= cols == rows
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=valid.device)
+    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
+
+
+def _choose(logits: torch.Tensor, temperature: float, generator: torch.Generator) -> torch.Tensor:
+    if temperature <= 0:
+        return logits.argmax(-1)
+    probs = torch.softmax(logits.float() / temperature, dim=-1).cpu()
+    return torch.multinomial(probs, 1, generator=generator)[:, 0].to(logits.device)
+
+
+def _finished(steps: torch.Tensor, eos_ids: list[int]) -> torch.Tensor:
+    if not eos_ids:
+        return torch.zeros(steps.shape[0], dtype=torch.bool)
+    return torch.isin(steps, torch.tensor(eos_ids, device=steps.device)).any(1)
+
+
+def _split(
+    prompts: list[list[int]],
+    hidden: torch.Tensor,
+    tops: list[Any],
+    steps: torch.Tensor,
+    eos_ids: list[int],
+    longest: int,
+) -> list[Sample]:
+    """Cut the batch into samples: each row up to its first EOS, without the left padding."""
+    values = torch.stack([t.values for t in tops], 1)  # [B, R, K]
+    indices = torch.stack([t.indices for t in tops], 1)
+    hidden = _compact(hidden)
+    samples = []
+    for b, prompt in enumerate(prompts):
+        response = steps[b].tolist()
+        for i, token in enumerate(response):
+            if token in eos_ids:
+                response = response[: i + 1]
+                break
+        plen, r = len(prompt), len(response)
+        samples.append(
+            Sample(
+                tokens=torch.tensor(prompt + response, dtype=torch.long),
+                prompt_length=plen,
+                hidden=hidden[b, longest - plen : longest + r - 1],
+                topk_logprobs=values[b, :r].half().cpu(),
+                topk_ids=indices[b, :r].int().cpu(),
+            )
+        )
+    return samples
+
+
+def _compact(h: torch.Tensor) -> torch.Tensor:
+    """float16 halves the disk; bfloat16 instead for the rare model whose states overflow it."""
+    h = h.detach().cpu()
+    return h.half() if float(h.abs().max()) < 6e4 else h.bfloat16()
+
+
+def write_shard(path: Path, samples: list[Sample], metadata: dict[str, str]) -> None:
+    """One shard: the samples' tensors concatenated, with their lengths to cut them apart again."""
+    tensors = {
+        "tokens": torch.cat([s.tokens for s in samples]),
+        "prompt_lengths": torch.tensor([s.prompt_length for s in samples]),
+        "response_lengths": torch.tensor([len(s.response) for s in samples]),
+        "hidden": torch.cat([s.hidden for s in samples]),
+        "topk_logprobs": torch.cat([s.topk_logprobs for s in samples]),
+        "topk_ids": torch.cat([s.topk_ids for s in samples]),
+    }
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, tmp, metadata=metadata)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def read_shard(path: str | Path) -> list[Sample]:
+    with safe_open(str(path), framework="pt") as f:
+        t = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118
+    samples, tok, row, top = [], 0, 0, 0
+    for plen, r in zip(t["prompt_lengths"].tolist(), t["response_lengths"].tolist(), strict=True):
+        rows = plen + r - 1
+        samples.append(
+            Sample(
+                tokens=t["tokens"][tok : tok + plen + r],
+                prompt_length=plen,
+                hidden=t["hidden"][row : row + rows],
+                topk_logprobs=t["topk_logprobs"][top : top + r],
+                topk_ids=t["topk_ids"][top : top + r],
+            )
+        )
+        tok, row, top = tok + plen + r, row + rows, top + r
+    return samples
+
+
+def read_shards(paths: list[Path]) -> list[Sample]:
+    return [sample for path in paths for sample in read_shard(path)]
+
+
+def rank_vocab(samples: list[Sample], vocab_size: int, size: int, keep: list[int]) -> torch.Tensor:
+    """The ``size`` token ids with the most teacher mass, sorted; ``keep`` (EOS) always included.
+
+    Mass is the argmax count plus 0.1 x the summed top-k probabilities: with little data argmax
+    counts alone see a few thousand distinct tokens and rank the rest arbitrarily, while the soft
+    mass covers more of what the target says on unseen prompts.
+    """
+    mass = torch.zeros(vocab_size, dtype=torch.float64)
+    for s in samples:
+        ids = s.topk_ids.long()
+        mass += torch.bincount(ids[:, 0], minlength=vocab_size).double()
+        mass.index_add_(0, ids.reshape(-1), 0.1 * s.topk_logprobs.double().exp().reshape(-1))
+    mass[torch.tensor(keep, dtype=torch.long)] = float("inf")
+    chosen = mass.argsort(descending=True)[: min(size, vocab_size)]
+    return chosen.sort().values

@@ -1,0 +1,284 @@
+"""Self-distillation of an exit head: ``eesd distill`` and :func:`distill`.
+
+The recipe of EESD (Liu et al. 2024): the frozen target answers our own prompts (greedy by
+default); an exit head (one decoder layer initialised from a target layer, its own norm, the
+target's LM head shared and frozen, or a subset of its rows) learns to match the target's
+next-token distribution at every response position from the layer-N states captured on the way.
+Each stage leaves its results in a work directory (data shards, a training checkpoint), so a run
+that stops can be resumed; the head is written last, atomically, with the settings in its metadata.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from eesd_core.errors import ConfigError
+from eesd_core.models import find_adapter
+from eesd_early_exit.data import CaptureSettings, generate_shards, rank_vocab, read_shards
+from eesd_early_exit.evaluate import decode_stats, format_report, teacher_forced
+from eesd_early_exit.head import ExitHead
+from eesd_early_exit.headfile import fingerprint, load_head, read_metadata, save_head
+from eesd_early_exit.prompts import encode_prompts, load_prompts
+from eesd_early_exit.train import TrainSettings, train_head
+
+
+@dataclass
+class DistillConfig:
+    """Everything a distillation depends on. ``work_dir`` defaults to ``<out>.work``."""
+
+    exit_layer: int
+    out: str | Path = "exit-head.safetensors"
+    work_dir: str | Path | None = None
+    max_new_tokens: int = 128
+    top_k: int = 64
+    temperature: float = 0.0
+    generate_batch: int = 16
+    init_layer: int | None = None
+    vocab_size_subset: int = 0
+    train: TrainSettings = field(default_factory=TrainSettings)
+    eval_prompts: int = 16
+    eval_max_new_tokens: int = 128
+    eval_k: int = 8
+    resume: bool = False
+
+    @property
+    def work(self) -> Path:
+        return Path(self.work_dir) if self.work_dir else Path(f"{self.out}.work")
+
+    def capture(self) -> CaptureSettings:
+        return CaptureSettings(
+            self.exit_layer,
+            self.max_new_tokens,
+            self.top_k,
+            self.temperature,
+            self.generate_batch,
+            self.train.seed,
+        )
+
+
+def distill(
+    model: Any,
+    config: DistillConfig,
+    prompts: list[Any] | None = None,
+    heldout: list[Any] | None = None,
+    tokenizer: Any = None,
+    progress: bool = True,
+    max_steps: int | None = None,
+) -> dict[str, Any]:
+    """Generate data, train, save the head to ``config.out`` and evaluate it on held-out prompts.
+
+    ``prompts``/``heldout``: texts (encoded with ``tokenizer``'s chat template) or token-id lists;
+    by default the shipped train and held-out sets. Returns the report also stored in the head.
+    """
+    adapter = find_adapter(model)
+    _check_layers(adapter, config)
+    train_ids, held_ids = _prompt_ids(prompts, heldout, tokenizer)
+    eos = _eos_ids(model)
+    target = fingerprint(model)
+    started = time.perf_counter()
+    shards = generate_shards(
+        adapter, train_ids, config.work / "train", config.capture(), eos, progress, target
+    )
+    held_shards = generate_shards(
+        adapter, held_ids, config.work / "heldout", config.capture(), eos, progress, target
+    )
+    generate_seconds = time.perf_counter() - started
+    samples = read_shards(shards)
+    vocab_ids = None
+    if config.vocab_size_subset and config.vocab_size_subset < adapter.vocab_size:
+        vocab_ids = rank_vocab(samples, adapter.vocab_size, config.vocab_size_subset, eos)
+    head = new_head(adapter, config, vocab_ids)
+    trained = train_head(
+        head, samples, config.train, config.work / "checkpoint.pt", config.resume, progress, max_steps
+    )
+    report = {
+        "settings": _settings(config),
+        "data": {
+            "train_prompts": len(train_ids),
+            "train_positions": sum(len(s.response) for s in samples),
+            "context_positions": sum(len(s.hidden) for s in samples),
+            "heldout_prompts": len(held_ids),
+        },
+        "steps": trained.steps,
+        "final_loss": trained.final_loss,
+        "generate_seconds": round(generate_seconds, 1),
+        "train_seconds": round(trained.seconds, 1),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    save_head(head, adapter, config.out, training=report)
+    report["eval"] = evaluate(model, config.out, held_ids, config, read_shards(held_shards), eos)
+    save_head(head, adapter, config.out, training=report)
+    return report
+
+
+def evaluate(
+    model: Any,
+    head_path: str | Path,
+    prompts: list[list[int]],
+    config: DistillConfig,
+    samples: list[Any] | None = None,
+    eos: list[int] | None = None,
+) -> dict[str, Any]:
+    """Teacher-forced agreement on ``samples`` (if given) and real decoding on ``prompts``."""
+    eos = _eos_ids(model) if eos is None else eos
+    result: dict[str, Any] = {}
+    if samples:
+        result["teacher_forced"] = teacher_forced(load_head(head_path, find_adapter(model)), samples)
+    chosen = prompts[: config.eval_prompts]
+    if chosen:
+        result["decoding"] = decode_stats(
+            model, head_path, chosen, config.eval_max_new_tokens, config.eval_k, eos
+        )
+    return result
+
+
+def evaluate_only(
+    model: Any,
+    head_path: str | Path,
+    config: DistillConfig,
+    heldout: list[Any] | None = None,
+    tokenizer: Any = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Evaluate an existing head file; held-out data at its exit layer goes to the work directory."""
+    adapter = find_adapter(model)
+    config.exit_layer = int(read_metadata(head_path)["exit_layer"])
+    _, held_ids = _prompt_ids([], heldout, tokenizer)
+    eos = _eos_ids(model)
+    shards = generate_shards(
+        adapter, held_ids, config.work / "heldout", config.capture(), eos, progress, fingerprint(model)
+    )
+    return evaluate(model, head_path, held_ids, config, read_shards(shards), eos)
+
+
+def new_head(adapter: Any, config: DistillConfig, vocab_ids: torch.Tensor | None) -> ExitHead:
+    """A float32 exit head initialised from a copy of target layer ``init_layer`` (default: last)."""
+    head = ExitHead(adapter, config.exit_layer, 1, init_layer=config.init_layer, vocab_ids=vocab_ids)
+    head.init_layer = adapter.num_layers - 1 if config.init_layer is None else config.init_layer
+    return head.float()
+
+
+def _check_layers(adapter: Any, config: DistillConfig) -> None:
+    if not 1 <= config.exit_layer < adapter.num_layers:
+        raise ConfigError(
+            f"--exit-layer {config.exit_layer} is out of range for a model of {adapter.num_layers} layers: "
+            f"choose 1 <= N <= {adapter.num_layers - 1}."
+        )
+    if config.init_layer is not None and not 0 <= config.init_layer < adapter.num_layers:
+        raise ConfigError(f"--init-layer must be in [0, {adapter.num_layers}), got {config.init_layer}.")
+
+
+def _prompt_ids(prompts: Any, heldout: Any, tokenizer: Any) -> tuple[list[list[int]], list[list[int]]]:
+    prompts = load_prompts("train") if prompts is None else prompts
+    heldout = load_prompts("heldout") if heldout is None else heldout
+    return encode_prompts(prompts, tokenizer), encode_prompts(heldout, tokenizer)
+
+
+def _eos_ids(model: Any) -> list[int]:
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if eos is None:
+        eos = getattr(model.config, "eos_token_id", None)
+    if eos is None:
+        return []
+    return [eos] if isinstance(eos, int) else list(eos)
+
+
+def _settings(config: DistillConfig) -> dict[str, Any]:
+    settings = asdict(config)
+    settings["out"], settings["work_dir"] = str(config.out), str(config.work)
+    return settings
+
+
+# -- command line ------------------------------------------------------------------------------
+
+
+def add_distill_command(subparsers: Any) -> None:
+    parser = subparsers.add_parser("distill", help="self-distil an exit head for the early-exit drafter")
+    parser.add_argument("--model", default="smollm2-135m-instruct", help="HF checkpoint dir or known name")
+    parser.add_argument("--cache-dir", default=None)
+    parser.add_argument("--exit-layer", type=int, default=None, help="N: target layers the drafter runs")
+    parser.add_argument("--out", default=None, help="the head file to write")
+    parser.add_argument("--work-dir", default=None, help="data and checkpoints (default: OUT.work)")
+    parser.add_argument("--prompts", type=int, default=320, help="number of training prompts")
+    parser.add_argument("--prompt-file", default=None, help="JSON list of training prompts")
+    parser.add_argument("--heldout-file", default=None, help="JSON list of held-out prompts")
+    parser.add_argument(
+        "--heldout", type=int, default=40, help="held-out prompts for the teacher-forced eval"
+    )
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy responses")
+    parser.add_argument("--teacher-top-k", type=int, default=64, help="teacher log-probs kept per position")
+    parser.add_argument("--generate-batch", type=int, default=16)
+    parser.add_argument("--init-layer", type=int, default=None, help="target layer to copy (default: last)")
+    parser.add_argument("--vocab-size-subset", type=int, default=0, help="K: draft over K tokens (0: all)")
+    defaults = TrainSettings()
+    for name, value in asdict(defaults).items():
+        parser.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
+    parser.add_argument("--resume", action="store_true", help="continue from the work dir's checkpoint")
+    parser.add_argument("--eval-only", default=None, metavar="HEAD", help="only evaluate this head file")
+    parser.add_argument("--eval-prompts", type=int, default=16, help="held-out prompts decoded for the eval")
+    parser.add_argument("--eval-max-new-tokens", type=int, default=128)
+    parser.add_argument("--eval-k", type=int, default=8, help="drafts per round in the eval")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--no-progress", action="store_true")
+    parser.set_defaults(func=run_distill)
+
+
+def run_distill(args: argparse.Namespace) -> int:
+    from eesd_core import SpeculativeDecoder
+    from eesd_core.models.fetch import resolve_model
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.eval_only is None and (args.exit_layer is None or args.out is None):
+        raise ConfigError("eesd distill needs --exit-layer and --out (or --eval-only HEAD).")
+    path = resolve_model(args.model, cache_dir=args.cache_dir)
+    dec = SpeculativeDecoder.from_pretrained(str(path), drafter=None)
+    config = _config_from(args)
+    heldout = load_prompts(path=args.heldout_file) if args.heldout_file else load_prompts("heldout")
+    heldout = heldout[: args.heldout]
+    if args.eval_only:
+        result = evaluate_only(
+            dec.model, args.eval_only, config, heldout, dec.tokenizer, not args.no_progress
+        )
+    else:
+        prompts = load_prompts(path=args.prompt_file) if args.prompt_file else load_prompts("train")
+        report = distill(
+            dec.model, config, prompts[: args.prompts], heldout, dec.tokenizer, not args.no_progress
+        )
+        result = report["eval"]
+        print(
+            f"wrote {config.out}: {report['steps']} steps, loss {report['final_loss']:.4f}, "
+            f"generate {report['generate_seconds']} s, train {report['train_seconds']} s"
+        )
+    print(format_report(result))
+    print(json.dumps(result))
+    return 0
+
+
+def _config_from(args: argparse.Namespace) -> DistillConfig:
+    train = TrainSettings(**{name: getattr(args, name) for name in asdict(TrainSettings())})
+    out = args.out or args.eval_only
+    return DistillConfig(
+        exit_layer=args.exit_layer or 1,
+        out=out,
+        work_dir=args.work_dir,
+        max_new_tokens=args.max_new_tokens,
+        top_k=args.teacher_top_k,
+        temperature=args.temperature,
+        generate_batch=args.generate_batch,
+        init_layer=args.init_layer,
+        vocab_size_subset=args.vocab_size_subset,
+        train=train,
+        eval_prompts=args.eval_prompts,
+        eval_max_new_tokens=args.eval_max_new_tokens,
+        eval_k=args.eval_k,
+        resume=args.resume,
+    )

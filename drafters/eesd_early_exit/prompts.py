@@ -1,0 +1,54 @@
+"""The prompts self-distillation generates from: our own templated set, never Spec-Bench.
+
+``prompts/train.json`` (1,730 prompts) and ``prompts/heldout.json`` (40) were built once by filling
+templates: 78 topics x 23 generic tasks (explain, summarise, poem, dialogue, translate, quiz, ...),
+20 coding tasks x 4 phrasings, 8 arithmetic templates with random numbers, and 30 everyday requests.
+The held-out set takes 28 prompts from 8 topics that never occur in the training set, plus everyday,
+code and arithmetic prompts; the two sets share no prompt. Keeping Spec-Bench out of training keeps
+the benchmark an honest measure of the head.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from eesd_core.errors import ConfigError
+
+PROMPT_DIR = Path(__file__).parent / "prompts"
+SPLITS = ("train", "heldout")
+
+
+def load_prompts(split: str = "train", path: str | Path | None = None) -> list[str]:
+    """The prompts of a shipped split, or of a JSON file holding a list of strings."""
+    if path is None:
+        if split not in SPLITS:
+            raise ConfigError(f"Unknown prompt split {split!r}: choose one of {SPLITS}.")
+        path = PROMPT_DIR / f"{split}.json"
+    try:
+        prompts = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"Cannot read prompts from {str(path)!r}: {exc}.") from None
+    if not isinstance(prompts, list) or not all(isinstance(p, str) and p for p in prompts):
+        raise ConfigError(f"{str(path)!r} must hold a JSON list of non-empty strings.")
+    return prompts
+
+
+def encode_prompts(prompts: Sequence[Any], tokenizer: Any = None, chat: bool = True) -> list[list[int]]:
+    """Token ids for each prompt; prompts that already are token-id lists pass through unchanged."""
+    out: list[list[int]] = []
+    for prompt in prompts:
+        if isinstance(prompt, str):
+            if tokenizer is None:
+                raise ConfigError("Text prompts need a tokenizer: pass one, or give token-id lists.")
+            from eesd_core.cli import encode_prompt
+
+            out.append(list(encode_prompt(tokenizer, prompt, chat=chat)))
+        else:
+            ids = [int(t) for t in prompt]
+            if not ids:
+                raise ConfigError("A prompt is empty: every prompt needs at least one token.")
+            out.append(ids)
+    return out

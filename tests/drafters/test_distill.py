@@ -1,0 +1,258 @@
+"""Self-distillation of the exit head: data capture, training, checkpoints, head files, evaluation."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from eesd_early_exit import data as data_module
+from eesd_early_exit.data import CaptureSettings, capture_batch, generate_shards, rank_vocab, read_shards
+from eesd_early_exit.distill import DistillConfig, distill, new_head
+from eesd_early_exit.headfile import read_metadata
+from eesd_early_exit.prompts import encode_prompts, load_prompts
+from eesd_early_exit.train import TrainSettings, train_head
+from tinymodels import make_tiny
+
+from eesd_core import SpeculativeDecoder
+from eesd_core.errors import ConfigError
+from eesd_core.models import find_adapter
+
+EXIT = 2
+
+
+def _prompts(count: int, seed: int = 1) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(2, 8, (count,), generator=g).tolist()
+    return [torch.randint(3, 97, (n,), generator=g).tolist() for n in lengths]
+
+
+@pytest.fixture(scope="module")
+def model() -> torch.nn.Module:
+    """A tiny random Llama whose next-token distributions are peaked, like a trained model's."""
+    model = make_tiny(dtype=torch.float32, seed=3)
+    model.lm_head.weight.data *= 6
+    return model
+
+
+@pytest.fixture(scope="module")
+def samples(model: torch.nn.Module, tmp_path_factory: pytest.TempPathFactory) -> list:
+    settings = CaptureSettings(EXIT, 24, top_k=8, batch_size=8)
+    work = tmp_path_factory.mktemp("data")
+    return read_shards(generate_shards(find_adapter(model), _prompts(24), work, settings, [2], False))
+
+
+def _config(tmp_path: Path, **train: object) -> DistillConfig:
+    settings = dict(epochs=2, lr=3e-3, batch_tokens=64, checkpoint_every=2)
+    settings.update(train)
+    return DistillConfig(
+        exit_layer=EXIT,
+        out=tmp_path / "head.safetensors",
+        max_new_tokens=16,
+        top_k=8,
+        generate_batch=4,
+        train=TrainSettings(**settings),
+        eval_prompts=3,
+        eval_max_new_tokens=20,
+    )
+
+
+def test_capture_matches_transformers(model: torch.nn.Module) -> None:
+    prompts = [[1, 5, 6, 7], [1, 9, 10, 11, 12, 13, 14], [4]]
+    samples = capture_batch(
+        find_adapter(model), prompts, CaptureSettings(EXIT, 12, top_k=8), [], torch.Generator()
+    )
+    for prompt, s in zip(prompts, samples, strict=True):
+        expected = model.generate(
+            torch.tensor([prompt]), max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0
+        )[0, len(prompt) :]
+        assert s.response.tolist() == expected.tolist()
+        assert s.hidden.shape == (len(prompt) + 11, 32) and s.topk_ids.shape == (12, 8)
+        assert s.topk_ids[:, 0].tolist() == s.response.tolist()
+        assert bool((s.topk_logprobs[:, :-1] >= s.topk_logprobs[:, 1:]).all())
+        with torch.no_grad():
+            states = model(s.tokens[:-1].view(1, -1), output_hidden_states=True).hidden_states[EXIT][0]
+        torch.testing.assert_close(s.hidden.float(), states, atol=1e-2, rtol=1e-3)
+
+
+def test_capture_stops_each_row_at_its_eos(model: torch.nn.Module) -> None:
+    adapter = find_adapter(model)
+    full = capture_batch(adapter, [[1, 5, 6]], CaptureSettings(EXIT, 10, top_k=4), [], torch.Generator())[0]
+    eos = full.response[3].item()
+    cut = capture_batch(
+        adapter, [[1, 5, 6], [7, 8]], CaptureSettings(EXIT, 10, top_k=4), [eos], torch.Generator()
+    )[0]
+    first = full.response.tolist().index(eos)
+    assert cut.response.tolist() == full.response.tolist()[: first + 1]
+    assert len(cut.hidden) == 3 + first and len(cut.topk_ids) == first + 1
+
+
+def test_sampled_capture_is_seeded(model: torch.nn.Module) -> None:
+    adapter, settings = find_adapter(model), CaptureSettings(EXIT, 10, top_k=4, temperature=1.0)
+    runs = [
+        capture_batch(adapter, [[1, 5, 6]], settings, [], torch.Generator().manual_seed(s))[0]
+        for s in (0, 0, 1)
+    ]
+    assert runs[0].response.tolist() == runs[1].response.tolist() != runs[2].response.tolist()
+
+
+def test_shards_resume_and_refuse_other_settings(model: torch.nn.Module, tmp_path: Path, monkeypatch) -> None:
+    adapter, prompts, settings = (
+        find_adapter(model),
+        _prompts(6),
+        CaptureSettings(EXIT, 8, top_k=4, batch_size=4),
+    )
+    paths = generate_shards(adapter, prompts, tmp_path, settings, [2], False)
+    assert [p.name for p in paths] == ["shard-00000.safetensors", "shard-00001.safetensors"]
+    assert sorted(len(s.tokens) - len(s.response) for s in read_shards(paths)) == sorted(map(len, prompts))
+    paths[1].unlink()
+    calls = []
+    original = data_module.capture_batch
+    monkeypatch.setattr(data_module, "capture_batch", lambda *a: calls.append(1) or original(*a))
+    generate_shards(adapter, prompts, tmp_path, settings, [2], False)
+    assert len(calls) == 1 and paths[1].is_file()
+    with pytest.raises(ConfigError, match="other settings"):
+        generate_shards(
+            adapter, prompts, tmp_path, CaptureSettings(EXIT + 1, 8, top_k=4, batch_size=4), [2], False
+        )
+
+
+def test_vocab_subset_ranks_by_teacher_mass(samples: list) -> None:
+    subset = rank_vocab(samples, 97, 20, keep=[2])
+    assert len(subset) == 20 and 2 in subset.tolist() and subset.tolist() == sorted(subset.tolist())
+    argmax = torch.cat([s.topk_ids[:, 0].long() for s in samples])
+    assert torch.isin(argmax, subset).float().mean() > 0.5
+
+
+@pytest.mark.parametrize("subset", [0, 40])
+def test_training_reduces_the_loss(model: torch.nn.Module, samples: list, subset: int) -> None:
+    from eesd_early_exit.evaluate import teacher_forced
+
+    vocab = rank_vocab(samples, 97, subset, [2]) if subset else None
+    head = new_head(find_adapter(model), DistillConfig(exit_layer=EXIT), vocab)
+    before = teacher_forced(head, samples)["kl"]
+    result = train_head(head, samples, TrainSettings(epochs=3, lr=3e-3, batch_tokens=96), progress=False)
+    after = teacher_forced(head, samples)["kl"]
+    assert result.steps > 5 and after < 0.9 * before
+    assert sum(result.losses[-3:]) < sum(result.losses[:3])
+
+
+def test_resumed_training_equals_an_uninterrupted_run(
+    model: torch.nn.Module, samples: list, tmp_path: Path
+) -> None:
+    adapter, settings = (
+        find_adapter(model),
+        TrainSettings(epochs=2, lr=3e-3, batch_tokens=96, checkpoint_every=2),
+    )
+    whole = new_head(adapter, DistillConfig(exit_layer=EXIT), None)
+    train_head(whole, samples, settings, progress=False)
+    first = new_head(adapter, DistillConfig(exit_layer=EXIT), None)
+    checkpoint = tmp_path / "checkpoint.pt"
+    assert train_head(first, samples, settings, checkpoint, progress=False, max_steps=5).steps == 5
+    second = new_head(adapter, DistillConfig(exit_layer=EXIT), None)
+    resumed = train_head(second, samples, settings, checkpoint, resume=True, progress=False)
+    assert resumed.losses and len(resumed.losses) == resumed.steps - 5
+    for name, value in whole.state_dict().items():
+        torch.testing.assert_close(second.state_dict()[name], value, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ConfigError, match="other training settings"):
+        train_head(
+            new_head(adapter, DistillConfig(exit_layer=EXIT), None),
+            samples,
+            TrainSettings(lr=1e-2),
+            checkpoint,
+            resume=True,
+            progress=False,
+        )
+
+
+def test_distilled_head_loads_decodes_greedily_and_reports_engine_numbers(
+    model: torch.nn.Module, tmp_path: Path
+) -> None:
+    prompts, heldout = _prompts(10), _prompts(3, seed=7)
+    config = _config(tmp_path)
+    report = distill(model, config, prompts, heldout, progress=False)
+    meta = read_metadata(config.out)
+    assert meta["exit_layer"] == str(EXIT) and meta["vocab_subset"] == "0" and meta["init_layer"] == "3"
+    training = json.loads(meta["training"])
+    assert training["settings"]["train"]["lr"] == 3e-3 and training["data"]["train_prompts"] == 10
+    assert training["eval"] == json.loads(json.dumps(report["eval"]))
+
+    dec = SpeculativeDecoder(
+        model,
+        drafter_options={"head": str(config.out)},
+        controller="fixed",
+        controller_options={"k": 8},
+        max_draft_tokens=8,
+    )
+    drafted = [0] * 8
+    for ids in heldout:
+        ours = dec.generate(ids, max_new_tokens=20, eos_token_id=[2])
+        theirs = model.generate(
+            torch.tensor([ids]), max_new_tokens=20, do_sample=False, eos_token_id=2, pad_token_id=0
+        )
+        assert ours.sequences.tolist() == theirs.tolist()
+        drafted = [
+            a + b for a, b in zip(drafted, (ours.stats.drafted_by_position + [0] * 8)[:8], strict=True)
+        ]
+
+    decoding, forced = report["eval"]["decoding"], report["eval"]["teacher_forced"]
+    assert decoding["drafted_by_position"] == drafted
+    assert 0 <= forced["top1"] <= 1 and forced["positions"] > 0
+    assert all(0 <= r <= 1 for r in decoding["acceptance_by_position"])
+    assert decoding["mean_accepted_tokens"] == pytest.approx(decoding["new_tokens"] / decoding["rounds"])
+    assert 1 <= decoding["mean_accepted_tokens"] <= 9
+    assert decoding["first_draft_acceptance"] == decoding["accepted_by_position"][0] / drafted[0]
+
+
+def test_distill_resumes_from_its_work_directory(model: torch.nn.Module, tmp_path: Path, monkeypatch) -> None:
+    config = _config(tmp_path, epochs=1)
+    config.eval_prompts = 0
+    first = distill(model, config, _prompts(6), [], progress=False, max_steps=1)
+    monkeypatch.setattr(data_module, "capture_batch", lambda *a: pytest.fail("data regenerated"))
+    config.resume = True
+    second = distill(model, config, _prompts(6), [], progress=False)
+    assert first["steps"] == 1 and second["steps"] > 1
+    assert read_metadata(config.out)["vocab_subset"] == "0"
+
+
+def test_vocab_subset_head_file(model: torch.nn.Module, tmp_path: Path) -> None:
+    config = _config(tmp_path, epochs=1)
+    config.vocab_size_subset, config.eval_prompts = 30, 1
+    report = distill(model, config, _prompts(6), _prompts(1, seed=9), progress=False)
+    assert read_metadata(config.out)["vocab_subset"] == "30"
+    assert report["eval"]["decoding"]["rounds"] > 0
+
+
+def test_prompt_sets_and_token_id_prompts() -> None:
+    train, heldout = load_prompts("train"), load_prompts("heldout")
+    assert len(train) > 1000 and len(heldout) == 40 and not set(train) & set(heldout)
+    assert encode_prompts([[5, 6], (7,)]) == [[5, 6], [7]]
+    with pytest.raises(ConfigError, match="tokenizer"):
+        encode_prompts(["text"])
+    with pytest.raises(ConfigError):
+        load_prompts("spec-bench")
+
+
+def test_cli_command_is_registered(tmp_path: Path) -> None:
+    from eesd_core.cli import build_parser, main
+
+    args = build_parser().parse_args(
+        ["distill", "--exit-layer", "2", "--out", "h.safetensors", "--epochs", "3"]
+    )
+    assert args.func.__name__ == "run_distill" and args.epochs == 3 and args.lr == 1e-3
+    assert main(["distill", "--model", str(tmp_path)]) == 1
+
+
+def test_training_forward_equals_the_decoding_path(model: torch.nn.Module, samples: list) -> None:
+    from eesd_early_exit.train import collate, forward, frozen_lm_weight
+
+    head = new_head(find_adapter(model), DistillConfig(exit_layer=EXIT), None).eval()
+    s = samples[0]
+    with torch.no_grad():
+        trained = forward(head, frozen_lm_weight(head), collate([s], [0], None))
+        cache, rows = head.new_cache(), []
+        for position in range(len(s.hidden)):
+            out = head.hidden(s.hidden[position].float().view(1, 1, -1), position, cache, None)
+            rows.append(head.logits(out))
+    torch.testing.assert_close(trained, torch.cat(rows)[s.prompt_length - 1 :], atol=1e-4, rtol=1e-4)
