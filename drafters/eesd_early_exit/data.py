@@ -64,17 +64,19 @@ def generate_shards(
     progress: bool = True,
     fingerprint: str = "",
 ) -> list[Path]:
-    """Generate (or find) every shard for ``prompts``; returns the shard paths in order."""
+    """Generate (or find) every shard for ``prompts``; returns the shard paths in order.
+
+    Shards follow the prompts' own order, so asking for more prompts later reuses every full shard
+    already made for the first ones.
+    """
     from tqdm.auto import tqdm
 
     work_dir = Path(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
-    order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
-    chunks = [order[i : i + settings.batch_size] for i in range(0, len(order), settings.batch_size)]
+    chunks = [prompts[i : i + settings.batch_size] for i in range(0, len(prompts), settings.batch_size)]
     paths = []
     bar = tqdm(chunks, desc="generate", unit="batch", disable=not progress)
-    for index, chunk in enumerate(bar):
-        batch = [prompts[i] for i in chunk]
+    for index, batch in enumerate(bar):
         meta = _shard_metadata(settings, batch, fingerprint)
         path = work_dir / f"shard-{index:05d}.safetensors"
         if not _shard_is_done(path, meta):
@@ -95,16 +97,17 @@ def _shard_metadata(settings: CaptureSettings, batch: list[list[int]], fingerpri
 
 
 def _shard_is_done(path: Path, meta: dict[str, str]) -> bool:
+    """True for a shard of these prompts; one of other prompts is stale and made again."""
     if not path.is_file():
         return False
     with safe_open(str(path), framework="pt") as f:
         found = f.metadata() or {}
-    if found != meta:
+    if any(found.get(key) != meta[key] for key in ("settings", "target")):
         raise ConfigError(
-            f"{str(path)!r} holds data generated with other settings, prompts or target. "
+            f"{str(path)!r} holds data generated with other settings or another target. "
             "Use another work directory, or delete this one to regenerate."
         )
-    return True
+    return found.get("prompts") == meta["prompts"]
 
 
 @torch.no_grad()

@@ -21,8 +21,8 @@ PROMPT_DIR = Path(__file__).parent / "prompts"
 SPLITS = ("train", "heldout")
 
 
-def load_prompts(split: str = "train", path: str | Path | None = None) -> list[str]:
-    """The prompts of a shipped split, or of a JSON file holding a list of strings."""
+def load_prompts(split: str = "train", path: str | Path | None = None) -> list[Any]:
+    """The prompts of a shipped split, or of a JSON file: a list of strings or of token-id lists."""
     if path is None:
         if split not in SPLITS:
             raise ConfigError(f"Unknown prompt split {split!r}: choose one of {SPLITS}.")
@@ -31,9 +31,15 @@ def load_prompts(split: str = "train", path: str | Path | None = None) -> list[s
         prompts = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise ConfigError(f"Cannot read prompts from {str(path)!r}: {exc}.") from None
-    if not isinstance(prompts, list) or not all(isinstance(p, str) and p for p in prompts):
-        raise ConfigError(f"{str(path)!r} must hold a JSON list of non-empty strings.")
+    if not isinstance(prompts, list) or not all(_is_prompt(p) for p in prompts):
+        raise ConfigError(f"{str(path)!r} must hold a JSON list of non-empty strings or token-id lists.")
     return prompts
+
+
+def _is_prompt(prompt: Any) -> bool:
+    if isinstance(prompt, list):
+        return bool(prompt) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+    return isinstance(prompt, str) and bool(prompt)
 
 
 def encode_prompts(prompts: Sequence[Any], tokenizer: Any = None, chat: bool = True) -> list[list[int]]:

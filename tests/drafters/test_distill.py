@@ -98,20 +98,20 @@ def test_sampled_capture_is_seeded(model: torch.nn.Module) -> None:
 
 
 def test_shards_resume_and_refuse_other_settings(model: torch.nn.Module, tmp_path: Path, monkeypatch) -> None:
-    adapter, prompts, settings = (
-        find_adapter(model),
-        _prompts(6),
-        CaptureSettings(EXIT, 8, top_k=4, batch_size=4),
-    )
-    paths = generate_shards(adapter, prompts, tmp_path, settings, [2], False)
+    adapter, prompts = find_adapter(model), _prompts(10)
+    settings = CaptureSettings(EXIT, 8, top_k=4, batch_size=4)
+    paths = generate_shards(adapter, prompts[:6], tmp_path, settings, [2], False)
     assert [p.name for p in paths] == ["shard-00000.safetensors", "shard-00001.safetensors"]
-    assert sorted(len(s.tokens) - len(s.response) for s in read_shards(paths)) == sorted(map(len, prompts))
-    paths[1].unlink()
+    assert [s.tokens[: s.prompt_length].tolist() for s in read_shards(paths)] == prompts[:6]
+    paths[0].unlink()
     calls = []
     original = data_module.capture_batch
-    monkeypatch.setattr(data_module, "capture_batch", lambda *a: calls.append(1) or original(*a))
+    monkeypatch.setattr(data_module, "capture_batch", lambda *a: calls.append(len(a[1])) or original(*a))
+    more = generate_shards(adapter, prompts, tmp_path, settings, [2], False)
+    assert calls == [4, 4, 2] and len(more) == 3  # shard 0 was missing, shard 1 held 2 prompts, not 4
+    assert [s.tokens[: s.prompt_length].tolist() for s in read_shards(more)] == prompts
     generate_shards(adapter, prompts, tmp_path, settings, [2], False)
-    assert len(calls) == 1 and paths[1].is_file()
+    assert calls == [4, 4, 2]
     with pytest.raises(ConfigError, match="other settings"):
         generate_shards(
             adapter, prompts, tmp_path, CaptureSettings(EXIT + 1, 8, top_k=4, batch_size=4), [2], False
@@ -224,7 +224,7 @@ def test_vocab_subset_head_file(model: torch.nn.Module, tmp_path: Path) -> None:
     assert report["eval"]["decoding"]["rounds"] > 0
 
 
-def test_prompt_sets_and_token_id_prompts() -> None:
+def test_prompt_sets_and_token_id_prompts(tmp_path: Path) -> None:
     train, heldout = load_prompts("train"), load_prompts("heldout")
     assert len(train) > 1000 and len(heldout) == 40 and not set(train) & set(heldout)
     assert encode_prompts([[5, 6], (7,)]) == [[5, 6], [7]]
@@ -232,6 +232,55 @@ def test_prompt_sets_and_token_id_prompts() -> None:
         encode_prompts(["text"])
     with pytest.raises(ConfigError):
         load_prompts("spec-bench")
+    (tmp_path / "bad.json").write_text(json.dumps([[1, 2], []]))
+    with pytest.raises(ConfigError, match="token-id lists"):
+        load_prompts(path=tmp_path / "bad.json")
+
+
+def test_cli_distils_and_evaluates_a_checkpoint_directory(
+    model: torch.nn.Module, tmp_path: Path, capsys
+) -> None:
+    from eesd_core.cli import main
+
+    model.save_pretrained(tmp_path / "tiny")
+    (tmp_path / "ids.json").write_text(json.dumps(_prompts(6)))
+    (tmp_path / "held.json").write_text(json.dumps(_prompts(2, seed=5)))
+    head = tmp_path / "head.safetensors"
+    common = [
+        "--model",
+        str(tmp_path / "tiny"),
+        "--heldout-file",
+        str(tmp_path / "held.json"),
+        "--no-progress",
+    ]
+    common += [
+        "--max-new-tokens",
+        "12",
+        "--teacher-top-k",
+        "8",
+        "--eval-prompts",
+        "2",
+        "--eval-max-new-tokens",
+        "12",
+    ]
+    argv = [
+        "distill",
+        *common,
+        "--exit-layer",
+        "2",
+        "--out",
+        str(head),
+        "--prompt-file",
+        str(tmp_path / "ids.json"),
+    ]
+    assert main([*argv, "--vocab-size-subset", "50", "--epochs", "2"]) == 0
+    assert read_metadata(head)["vocab_subset"] == "50"
+    assert "mean accepted tokens" in capsys.readouterr().out
+    assert main(["distill", *common, "--eval-only", str(head)]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["decoding"] == json.loads(read_metadata(head)["training"])["eval"]["decoding"] | {
+        "seconds": result["decoding"]["seconds"]
+    }
 
 
 def test_cli_command_is_registered(tmp_path: Path) -> None:
