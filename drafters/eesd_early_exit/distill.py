@@ -78,8 +78,10 @@ def distill(
     by default the shipped train and held-out sets. Returns the report also stored in the head.
     """
     adapter = find_adapter(model)
-    _check_layers(adapter, config)
+    _check(adapter, config)
     train_ids, held_ids = _prompt_ids(prompts, heldout, tokenizer)
+    if not train_ids:
+        raise ConfigError("No training prompts: give at least one (--prompts N with N >= 1).")
     eos = _eos_ids(model)
     target = fingerprint(model)
     started = time.perf_counter()
@@ -165,7 +167,8 @@ def new_head(adapter: Any, config: DistillConfig, vocab_ids: torch.Tensor | None
     return head.float()
 
 
-def _check_layers(adapter: Any, config: DistillConfig) -> None:
+def _check(adapter: Any, config: DistillConfig) -> None:
+    """Refuse settings that cannot work before any time is spent generating."""
     if not 1 <= config.exit_layer < adapter.num_layers:
         raise ConfigError(
             f"--exit-layer {config.exit_layer} is out of range for a model of {adapter.num_layers} layers: "
@@ -173,6 +176,19 @@ def _check_layers(adapter: Any, config: DistillConfig) -> None:
         )
     if config.init_layer is not None and not 0 <= config.init_layer < adapter.num_layers:
         raise ConfigError(f"--init-layer must be in [0, {adapter.num_layers}), got {config.init_layer}.")
+    positive = {
+        "max-new-tokens": config.max_new_tokens,
+        "generate-batch": config.generate_batch,
+        "epochs": config.train.epochs,
+        "batch-tokens": config.train.batch_tokens,
+    }
+    for name, value in positive.items():
+        if value < 1:
+            raise ConfigError(f"--{name} must be at least 1, got {value}.")
+    if not 1 <= config.top_k <= adapter.vocab_size:
+        raise ConfigError(f"--teacher-top-k must be in [1, {adapter.vocab_size}], got {config.top_k}.")
+    if config.vocab_size_subset < 0 or config.train.lr <= 0:
+        raise ConfigError("--vocab-size-subset must be >= 0 and --lr > 0.")
 
 
 def _prompt_ids(prompts: Any, heldout: Any, tokenizer: Any) -> tuple[list[list[int]], list[list[int]]]:

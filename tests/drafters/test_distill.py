@@ -224,6 +224,26 @@ def test_vocab_subset_head_file(model: torch.nn.Module, tmp_path: Path) -> None:
     assert report["eval"]["decoding"]["rounds"] > 0
 
 
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"exit_layer": 4},
+        {"init_layer": 9},
+        {"max_new_tokens": 0},
+        {"top_k": 500},
+        {"train": TrainSettings(epochs=0)},
+        {"vocab_size_subset": -1},
+    ],
+)
+def test_bad_settings_fail_before_any_work(model: torch.nn.Module, tmp_path: Path, change: dict) -> None:
+    config = _config(tmp_path)
+    for key, value in change.items():
+        setattr(config, key, value)
+    with pytest.raises(ConfigError):
+        distill(model, config, _prompts(2), [], progress=False)
+    assert not config.work.exists()
+
+
 def test_prompt_sets_and_token_id_prompts(tmp_path: Path) -> None:
     train, heldout = load_prompts("train"), load_prompts("heldout")
     assert len(train) > 1000 and len(heldout) == 40 and not set(train) & set(heldout)
