@@ -115,7 +115,7 @@ def distill(
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     save_head(head, adapter, config.out, training=report)
-    report["eval"] = evaluate(model, config.out, held_ids, config, read_shards(held_shards), eos)
+    report["eval"] = evaluate(model, config.out, held_ids, config, read_shards(held_shards), eos, progress)
     save_head(head, adapter, config.out, training=report)
     return report
 
@@ -127,6 +127,7 @@ def evaluate(
     config: DistillConfig,
     samples: list[Any] | None = None,
     eos: list[int] | None = None,
+    progress: bool = False,
 ) -> dict[str, Any]:
     """Teacher-forced agreement on ``samples`` (if given) and real decoding on ``prompts``."""
     eos = _eos_ids(model) if eos is None else eos
@@ -136,7 +137,7 @@ def evaluate(
     chosen = prompts[: config.eval_prompts]
     if chosen:
         result["decoding"] = decode_stats(
-            model, head_path, chosen, config.eval_max_new_tokens, config.eval_k, eos
+            model, head_path, chosen, config.eval_max_new_tokens, config.eval_k, eos, progress
         )
     return result
 
@@ -157,7 +158,7 @@ def evaluate_only(
     shards = generate_shards(
         adapter, held_ids, config.work / "heldout", config.capture(), eos, progress, fingerprint(model)
     )
-    return evaluate(model, head_path, held_ids, config, read_shards(shards), eos)
+    return evaluate(model, head_path, held_ids, config, read_shards(shards), eos, progress)
 
 
 def new_head(adapter: Any, config: DistillConfig, vocab_ids: torch.Tensor | None) -> ExitHead:

@@ -43,8 +43,11 @@ def decode_stats(
     max_new_tokens: int,
     k: int = 8,
     eos_ids: list[int] | None = None,
+    progress: bool = False,
 ) -> dict[str, Any]:
     """Greedy speculative decoding of ``prompts`` with the head and ``k`` drafts per round."""
+    from tqdm.auto import tqdm
+
     from eesd_core import SpeculativeDecoder
 
     dec = SpeculativeDecoder(
@@ -58,7 +61,7 @@ def decode_stats(
     drafted, accepted = [0] * k, [0] * k
     rounds = new_tokens = 0
     started = time.perf_counter()
-    for ids in prompts:
+    for ids in tqdm(prompts, desc="evaluate", unit="prompt", disable=not progress):
         stats = dec.generate(ids, max_new_tokens=max_new_tokens, temperature=0.0, eos_token_id=eos_ids).stats
         rounds += stats.rounds
         new_tokens += stats.new_tokens
