@@ -100,6 +100,7 @@ def save_head(
     os.close(fd)
     try:
         save_file(tensors, tmp, metadata=metadata)
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; a head file is meant to be shared
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

@@ -99,8 +99,8 @@ class ToyAdapter:
     def supports(cls, model: Any) -> bool:
         return isinstance(model, ToyModel)
 
-    def new_cache(self, num_layers: int | None = None) -> KVCache:
-        return KVCache(self.num_layers if num_layers is None else num_layers)
+    def new_cache(self, num_layers: int | None = None, capacity: int = 64) -> KVCache:
+        return KVCache(self.num_layers if num_layers is None else num_layers, capacity)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """``[m]`` ids to ``[1, m, H]``: depth 0, the token, an unknown (-1) window."""
