@@ -62,7 +62,8 @@ def main() -> None:
     table: dict[str, dict[str, dict]] = {}
     for category, prompts in by_category.items():
         trace = record_trace(decoder, prompts, max_new_tokens=args.max_new_tokens)
-        table[category] = {row["controller"].split(" k=")[0]: row for row in compare_controllers(trace, CONTROLLERS)}
+        rows = compare_controllers(trace, CONTROLLERS)
+        table[category] = {row["controller"].split(" k=")[0]: row for row in rows}
         print(category, {k: round(v["vs_oracle"], 3) for k, v in table[category].items()}, flush=True)
     write(args, table)
 
@@ -85,13 +86,16 @@ def write(args: argparse.Namespace, table: dict[str, dict[str, dict]]) -> None:
     mean = {n: statistics.mean(rows[n]["vs_oracle"] for rows in table.values()) for n in names}
     lines.append("| **mean** | " + " | ".join(f"**{mean[n]:.3f}**" for n in names) + " |")
     default = "thompson (default)"
-    worst = max(rows[default]["time_per_token"] / rows["best fixed"]["time_per_token"] for rows in table.values())
-    vs_plain = max(rows[default]["time_per_token"] / rows["plain"]["time_per_token"] for rows in table.values())
+    def worst_ratio(other: str) -> float:
+        return max(rows[default]["time_per_token"] / rows[other]["time_per_token"] for rows in table.values())
+
+    worst, vs_plain = worst_ratio("best fixed"), worst_ratio("plain")
     lines += [
         "",
         f"- default vs best fixed k in hindsight, worst category: {worst:.3f}x its time per token",
         f"- default vs plain decoding, worst category: {vs_plain:.3f}x its time per token",
-        f"- default vs heuristic +2/-1, mean over categories: {mean[default]:.3f} vs {mean['heuristic +2/-1']:.3f}",
+        "- default vs heuristic +2/-1, mean over categories: "
+        f"{mean[default]:.3f} vs {mean['heuristic +2/-1']:.3f}",
     ]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text("\n".join(lines) + "\n")

@@ -59,9 +59,13 @@ class EarlyExitDrafter:
         head_path = self.options.head
         if head_path == "auto":
             head_path = find_shipped_head(adapter)
-            if head_path is not None and exit_layer is not None:
-                if int(read_metadata(head_path)["exit_layer"]) != exit_layer:
-                    head_path = None
+            # a shipped head distilled at another layer than the one asked for is not used
+            if (
+                head_path is not None
+                and exit_layer is not None
+                and int(read_metadata(head_path)["exit_layer"]) != exit_layer
+            ):
+                head_path = None
         self.head_path = head_path
         if head_path is not None:
             head_layer = int(read_metadata(head_path)["exit_layer"])
@@ -122,7 +126,9 @@ class EarlyExitDrafter:
             self.head.hidden(backlog, self._exit_cached(), self.exit_cache, None)
             self.deferred, self.deferred_count = [], 0
 
-    def _lower(self, token: int, position: int, cache: KVCache, draft: bool = True) -> tuple[torch.Tensor, Any]:
+    def _lower(
+        self, token: int, position: int, cache: KVCache, draft: bool = True
+    ) -> tuple[torch.Tensor, Any]:
         """Layers [0, N) on one token, and the exit layers if it is drafted from. # [1, 1, H]"""
         x = self.adapter.embed(torch.tensor([token], device=self.adapter.device))
         rotary = self.adapter.rotary(x, position)

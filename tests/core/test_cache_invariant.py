@@ -11,8 +11,8 @@ import random
 
 import pytest
 import torch
-from tinymodels import make_tiny
 from eesd_early_exit.head import ExitHead
+from tinymodels import make_tiny
 from transformers import DynamicCache
 
 from eesd_core import SpeculativeDecoder, hookimpl

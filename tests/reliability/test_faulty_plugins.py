@@ -6,13 +6,13 @@ import math
 
 import pytest
 import torch
+from eesd_early_exit.drafter import EarlyExitDrafter
 from tinymodels import make_tiny
 
 from eesd_core import SpeculativeDecoder, hookimpl
 from eesd_core.errors import NumericalError, PluginFault
 from eesd_core.protocols import Proposal
 from eesd_core.registry import get_manager, reset_manager
-from eesd_early_exit.drafter import EarlyExitDrafter
 
 
 class _Controller:
@@ -146,6 +146,8 @@ def test_nan_or_inf_logits_are_reported_not_sampled(bad: float) -> None:
     model = make_tiny("llama", 2)
     with torch.no_grad():
         model.lm_head.weight[7, 0] = bad
-    dec = SpeculativeDecoder(model, drafter="early_exit", drafter_options={"exit_layer": 2}, controller="fixed")
+    dec = SpeculativeDecoder(
+        model, drafter="early_exit", drafter_options={"exit_layer": 2}, controller="fixed"
+    )
     with pytest.raises(NumericalError, match="NaN or \\+inf"):
         dec.generate([4, 5, 6], max_new_tokens=5, temperature=1.0, seed=0)
