@@ -11,7 +11,7 @@ from typing import Any
 
 from eesd_core.bench.methods import GROUPS, PRESETS, expand_methods
 from eesd_core.bench.prompts import DEFAULT_QUESTIONS, load_questions, select
-from eesd_core.bench.runners import BenchSettings, find_head, resolve_exit_layer
+from eesd_core.bench.runners import BenchSettings, find_head, resolve_exit_layer, shipped_head
 
 
 def benchmarks_dir() -> Path:
@@ -77,11 +77,11 @@ def add_bench(sub: Any) -> None:
     parser.set_defaults(func=run_bench)
 
 
-def _head(choice: str, model_dir: Path, exit_layer: int | None) -> str | None:
+def _head(choice: str, model: Any, model_dir: Path, exit_layer: int | None) -> str | None:
     if choice == "none":
         return None
     if choice == "auto":
-        return find_head(model_dir, exit_layer)
+        return find_head(model_dir, exit_layer) or shipped_head(model, exit_layer)
     return str(Path(choice).expanduser())
 
 
@@ -120,7 +120,7 @@ def run_bench(args: argparse.Namespace) -> int:
         args.temperature,
         args.seed,
         args.exit_layer,
-        _head(args.head, path, args.exit_layer),
+        _head(args.head, model, path, args.exit_layer),
         args.max_draft_tokens,
     )
     num_layers = getattr(model, model.base_model_prefix).config.num_hidden_layers

@@ -70,6 +70,21 @@ def find_head(model_dir: str | Path, exit_layer: int | None = None) -> str | Non
     return None
 
 
+def shipped_head(model: Any, exit_layer: int | None = None) -> str | None:
+    """``--head auto`` without a head beside the checkpoint: the one the early-exit drafter ships
+    for this exact model (matched by weight fingerprint), if that drafter is installed."""
+    try:
+        from eesd_early_exit.headfile import find_shipped_head, read_metadata
+    except ImportError:
+        return None
+    from eesd_core.models import find_adapter
+
+    path = find_shipped_head(find_adapter(model))
+    if path is None or (exit_layer is not None and read_metadata(path)["exit_layer"] != str(exit_layer)):
+        return None
+    return str(path)
+
+
 def resolve_exit_layer(settings: BenchSettings, num_layers: int) -> int:
     """N for every early-exit method: ``--exit-layer``, else the head's, else a quarter of the layers."""
     if settings.head is not None:
