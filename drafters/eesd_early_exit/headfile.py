@@ -3,8 +3,10 @@
 Metadata (all strings, as safetensors requires): ``format`` (``eesd-exit-head``), ``format_version``,
 ``architecture`` (model_type), ``hidden_size``, ``vocab_size``, ``num_target_layers``,
 ``fingerprint`` (of the target's weights), ``exit_layer``, ``num_exit_layers``, ``init_layer``,
-``vocab_subset`` (number of tokens, 0 for the full vocabulary) and ``training`` (JSON). Loading
-checks all of it against the target before any tensor is read; writing is atomic.
+``vocab_subset`` (number of tokens, 0 for the full vocabulary), ``training`` (JSON) and
+``tensors_sha256`` (of every tensor's name, dtype, shape and bytes, as stored). Loading checks the
+metadata against the target before any tensor is read, then the tensors against their checksum, so
+a file damaged after it was written is refused rather than used; writing is atomic.
 """
 
 from __future__ import annotations
@@ -95,6 +97,7 @@ def save_head(
     tensors = {k: v.detach().to(dtype).contiguous().cpu() for k, v in head.trainable_state().items()}
     if head.vocab_ids is not None:
         tensors["vocab_ids"] = head.vocab_ids.detach().to(torch.int64).cpu().contiguous()
+    metadata["tensors_sha256"] = tensors_digest(tensors)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
@@ -106,6 +109,16 @@ def save_head(
         if os.path.exists(tmp):
             os.unlink(tmp)
     return path
+
+
+def tensors_digest(tensors: dict[str, torch.Tensor]) -> str:
+    """sha256 over the tensors' names, dtypes, shapes and raw bytes, in name order."""
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        tensor = tensors[name].detach().cpu().contiguous()
+        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}:".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
 
 def read_metadata(path: str | Path) -> dict[str, str]:
@@ -156,6 +169,17 @@ def load_head(path: str | Path, adapter: ModelAdapter) -> Any:
     try:
         with safe_open(str(path), framework="pt") as f:
             tensors = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118
+    except Exception as exc:
+        raise HeadError(
+            f"Exit head {str(path)!r} could not be read ({exc}); it may be truncated or corrupted. "
+            "Re-download or re-distil the head."
+        ) from None
+    if metadata.get("tensors_sha256") != tensors_digest(tensors):
+        raise HeadError(
+            f"Exit head {str(path)!r} is corrupted: its tensors do not match the checksum in its "
+            "metadata. Re-download or re-distil the head."
+        )
+    try:
         vocab_ids = tensors.pop("vocab_ids", None)
         head = ExitHead(
             adapter,

@@ -1,0 +1,99 @@
+"""Exit-head files: what is written is what loads, and nothing else loads."""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+
+import pytest
+import torch
+from eesd_early_exit import headfile
+from eesd_early_exit.head import ExitHead
+from eesd_early_exit.headfile import load_head, read_metadata, save_head
+from safetensors.torch import save_file
+from tinymodels import make_tiny
+
+from eesd_core import SpeculativeDecoder
+from eesd_core.errors import EESDError, HeadError
+from eesd_core.models import find_adapter
+
+
+@pytest.fixture(scope="module")
+def adapter():
+    return find_adapter(make_tiny("llama", 0, vocab=61, layers=4, dtype=torch.float32))
+
+
+@pytest.fixture
+def head_file(adapter, tmp_path: Path) -> Path:
+    torch.manual_seed(0)
+    head = ExitHead(adapter, 2, vocab_ids=torch.tensor([0, 3, 5, 7, 11, 13]))
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    return save_head(head, adapter, tmp_path / "heads" / "h.safetensors", training={"epochs": 1})
+
+
+def test_round_trip_keeps_the_weights_and_settings(adapter, head_file: Path) -> None:
+    metadata = read_metadata(head_file)
+    assert metadata["exit_layer"] == "2" and metadata["vocab_subset"] == "6"
+    assert json.loads(metadata["training"]) == {"epochs": 1}
+    loaded = load_head(head_file, adapter)
+    assert loaded.vocab_ids.tolist() == [0, 3, 5, 7, 11, 13]
+    stored = headfile.safe_open(str(head_file), framework="pt")
+    for name, value in loaded.trainable_state().items():
+        assert torch.equal(value.to(torch.bfloat16), stored.get_tensor(name)), name
+    # a head file is meant to be shared: readable by everyone, like any file a tool writes
+    assert stat.S_IMODE(head_file.stat().st_mode) == 0o644
+
+
+def test_a_head_for_another_model_is_refused(head_file: Path) -> None:
+    other = find_adapter(make_tiny("llama", 1, vocab=61, layers=4, dtype=torch.float32))
+    with pytest.raises(HeadError, match="distilled for another model: its fingerprint"):
+        load_head(head_file, other)
+    with pytest.raises(EESDError, match="another model"):
+        SpeculativeDecoder(other.model, drafter="early_exit", drafter_options={"head": str(head_file)})
+
+
+@pytest.mark.parametrize("keep", [0.2, 0.6, 0.99])
+def test_a_truncated_file_is_refused(adapter, head_file: Path, keep: float) -> None:
+    data = head_file.read_bytes()
+    head_file.write_bytes(data[: int(len(data) * keep)])
+    with pytest.raises(HeadError, match="truncated or corrupted"):
+        load_head(head_file, adapter)
+
+
+@pytest.mark.parametrize("where", [-1, -200, -5000])
+def test_a_flipped_byte_in_the_weights_is_refused(adapter, head_file: Path, where: int) -> None:
+    data = bytearray(head_file.read_bytes())
+    data[where] ^= 0x40
+    head_file.write_bytes(bytes(data))
+    with pytest.raises(HeadError, match="corrupted"):
+        load_head(head_file, adapter)
+
+
+def test_other_safetensors_files_are_not_heads(adapter, tmp_path: Path) -> None:
+    plain = tmp_path / "plain.safetensors"
+    save_file({"x": torch.zeros(2)}, str(plain))
+    with pytest.raises(HeadError, match="not an eesd exit-head file"):
+        load_head(plain, adapter)
+    future = tmp_path / "future.safetensors"
+    save_file({"x": torch.zeros(2)}, str(future), metadata={"format": headfile.FORMAT, "format_version": "99"})
+    with pytest.raises(HeadError, match="Upgrade eesd or re-distil"):
+        load_head(future, adapter)
+
+
+def test_an_interrupted_write_leaves_the_old_file_and_no_debris(
+    adapter, head_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    before = head_file.read_bytes()
+
+    def dies(tensors, filename, metadata=None):  # noqa: ANN001, ANN202
+        Path(filename).write_bytes(b"half a file")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(headfile, "save_file", dies)
+    with pytest.raises(KeyboardInterrupt):
+        save_head(load_head(head_file, adapter), adapter, head_file)
+    assert head_file.read_bytes() == before
+    assert [p.name for p in head_file.parent.iterdir()] == [head_file.name]
