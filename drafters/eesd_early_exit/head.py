@@ -92,8 +92,11 @@ class ExitHead(nn.Module):
         return full
 
     def trainable_state(self) -> dict[str, torch.Tensor]:
-        """The tensors a head file stores (the shared LM head is not among them)."""
-        return {k: v for k, v in self.state_dict().items() if not k.startswith("adapter.")}
+        """The tensors a head file stores. The shared LM head is not among them, nor the rows of it
+        a vocabulary-subset head drafts with: they are frozen copies, rebuilt from ``vocab_ids``."""
+        return {
+            k: v for k, v in self.state_dict().items() if not k.startswith(("adapter.", "subset_head."))
+        }
 
 
 def _copy_layer(layer: nn.Module, index: int) -> nn.Module:

@@ -189,7 +189,11 @@ def load_head(path: str | Path, adapter: ModelAdapter) -> Any:
             vocab_ids=vocab_ids,
         )
         dtype = adapter.model.lm_head.weight.dtype
-        head.load_state_dict({k: v.to(dtype) for k, v in tensors.items()}, strict=True)
+        tensors.pop("subset_head.weight", None)  # frozen LM-head rows: rebuilt from the target
+        missing, unexpected = head.load_state_dict({k: v.to(dtype) for k, v in tensors.items()}, strict=False)
+        missing = [k for k in missing if not k.startswith("subset_head.")]
+        if missing or unexpected:
+            raise ValueError(f"missing tensors {missing}, unexpected tensors {unexpected}")
     except HeadError:
         raise
     except Exception as exc:

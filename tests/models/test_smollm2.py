@@ -45,3 +45,24 @@ def test_greedy_equals_transformers(smollm2, options: dict) -> None:
         expected = model.generate(ids, max_new_tokens=40, do_sample=False)
         out = dec.generate(ids, max_new_tokens=40)
         assert out.sequences.tolist() == expected.tolist(), prompt
+
+
+def test_the_shipped_head_is_found_accepted_and_lossless(smollm2) -> None:
+    """The head committed in the repository loads for the fetched model by default, its drafts are
+    accepted more often than never, and greedy output is still exactly transformers'."""
+    from eesd_core import SpeculativeDecoder
+
+    model, tok = smollm2
+    dec = SpeculativeDecoder(model, tokenizer=tok, drafter="early_exit", controller="fixed",
+                             controller_options={"k": 3})
+    assert dec.drafter.head_path is not None, "no shipped head matched the fetched SmolLM2 checkpoint"
+    accepted = 0
+    for prompt in PROMPTS:
+        ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                      return_tensors="pt")["input_ids"]
+        expected = model.generate(ids, max_new_tokens=40, do_sample=False)
+        out = dec.generate(ids, max_new_tokens=40)
+        assert out.sequences.tolist() == expected.tolist(), prompt
+        accepted += out.stats.accepted
+    # the untrained exit at N=6 accepts almost nothing; a distilled head accepts some drafts
+    assert accepted >= 10
