@@ -37,7 +37,20 @@ def run_demo(args: argparse.Namespace) -> int:
     plain_result = plain.generate(ids, max_new_tokens=args.max_new_tokens)
     plain_tokens = plain_result.sequences[0, len(ids) :].tolist()
     _report(args, fast_stats, plain_result.stats, fast_tokens == plain_tokens)
+    print(f"  drafter: {_describe_drafter(fast)}")
     return 0 if fast_tokens == plain_tokens else 1
+
+
+def _describe_drafter(decoder: Any) -> str:
+    drafter = decoder.drafter
+    if drafter is None:
+        return "none (plain decoding)"
+    head = getattr(drafter, "head_path", "n/a")
+    layer = getattr(drafter, "shared_layers", None)
+    where = f" at layer {layer}" if layer is not None else ""
+    if head == "n/a":
+        return type(drafter).__name__
+    return f"exit head {head}{where}" if head is not None else f"untrained exit{where}"
 
 
 def _report(args: argparse.Namespace, fast: Any, plain: Any, identical: bool) -> None:

@@ -66,3 +66,15 @@ def test_the_shipped_head_is_found_accepted_and_lossless(smollm2) -> None:
         accepted += out.stats.accepted
     # the untrained exit at N=6 accepts almost nothing; a distilled head accepts some drafts
     assert accepted >= 10
+
+
+def test_demo_streams_and_compares_with_plain_decoding(smollm2, capsys: pytest.CaptureFixture) -> None:
+    """The README's main job, shortened: the shipped head is loaded and the texts are identical."""
+    from eesd_core.cli import main
+
+    code = main(["demo", "--prompt", "Name three primary colours.", "--max-new-tokens", "24"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "greedy texts identical: yes" in out
+    assert "exit head" in out and "smollm2-135m-instruct-n6.safetensors at layer 6" in out
+    assert "plain decoding" in out and "tokens/s" in out
