@@ -51,28 +51,35 @@ def fingerprint(model: torch.nn.Module) -> str:
 
 def find_shipped_head(adapter: ModelAdapter) -> Path | None:
     """The head shipped with eesd for this exact target, if there is one."""
-    if not SHIPPED_HEADS.is_dir():
-        return None
-    expected = describe_target(adapter)
+    model = getattr(adapter, "model", None)
+    if not SHIPPED_HEADS.is_dir() or not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
+        return None  # heads are shipped for Hugging Face models only
+    shape = describe_target(adapter, with_fingerprint=False)
+    candidates = []
     for path in sorted(SHIPPED_HEADS.glob("*.safetensors")):
         try:
             metadata = read_metadata(path)
         except HeadError:
             continue
-        if all(metadata.get(key) == value for key, value in expected.items()):
-            return path
-    return None
+        if all(metadata.get(key) == value for key, value in shape.items()):
+            candidates.append((path, metadata))
+    if not candidates:
+        return None
+    weights = fingerprint(model)  # hashed only when a head of the right shape exists
+    return next((path for path, metadata in candidates if metadata.get("fingerprint") == weights), None)
 
 
-def describe_target(adapter: ModelAdapter) -> dict[str, str]:
+def describe_target(adapter: ModelAdapter, with_fingerprint: bool = True) -> dict[str, str]:
     config = adapter.model.config
-    return {
+    described = {
         "architecture": str(config.model_type),
         "hidden_size": str(adapter.hidden_size),
         "vocab_size": str(adapter.vocab_size),
         "num_target_layers": str(adapter.num_layers),
-        "fingerprint": fingerprint(adapter.model),
     }
+    if with_fingerprint:
+        described["fingerprint"] = fingerprint(adapter.model)
+    return described
 
 
 def save_head(

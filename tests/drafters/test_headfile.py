@@ -78,7 +78,8 @@ def test_other_safetensors_files_are_not_heads(adapter, tmp_path: Path) -> None:
     with pytest.raises(HeadError, match="not an eesd exit-head file"):
         load_head(plain, adapter)
     future = tmp_path / "future.safetensors"
-    save_file({"x": torch.zeros(2)}, str(future), metadata={"format": headfile.FORMAT, "format_version": "99"})
+    metadata = {"format": headfile.FORMAT, "format_version": "99"}
+    save_file({"x": torch.zeros(2)}, str(future), metadata=metadata)
     with pytest.raises(HeadError, match="Upgrade eesd or re-distil"):
         load_head(future, adapter)
 
@@ -97,3 +98,21 @@ def test_an_interrupted_write_leaves_the_old_file_and_no_debris(
         save_head(load_head(head_file, adapter), adapter, head_file)
     assert head_file.read_bytes() == before
     assert [p.name for p in head_file.parent.iterdir()] == [head_file.name]
+
+
+def test_auto_finds_the_shipped_head_of_this_model_only(
+    adapter, head_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from eesd_core.testing.toy import ToyAdapter, ToyModel
+
+    monkeypatch.setattr(headfile, "SHIPPED_HEADS", head_file.parent)
+    assert headfile.find_shipped_head(adapter) == head_file
+    dec = SpeculativeDecoder(adapter.model, drafter="early_exit")
+    assert dec.drafter.head_path == head_file and dec.drafter.shared_layers == 2
+    # same shape, other weights: not this model's head, so the untrained exit
+    other = make_tiny("llama", 1, vocab=61, layers=4, dtype=torch.float32)
+    assert headfile.find_shipped_head(find_adapter(other)) is None
+    assert SpeculativeDecoder(other, drafter="early_exit").drafter.head_path is None
+    # targets that are not Hugging Face models never match a shipped head
+    toy = ToyAdapter(ToyModel(torch.full((1, 3), 1 / 3), window=0))
+    assert headfile.find_shipped_head(toy) is None
