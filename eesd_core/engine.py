@@ -19,6 +19,7 @@ from eesd_core.config import DecoderConfig, GenerationConfig, generation_config,
 from eesd_core.costs import CostTracker
 from eesd_core.errors import ConfigError, InputError
 from eesd_core.guards import Guarded
+from eesd_core.kernels import MatmulPlan, plan_for
 from eesd_core.models import find_adapter
 from eesd_core.protocols import (
     DraftContext,
@@ -63,6 +64,11 @@ class SpeculativeDecoder:
     """Lossless speculative decoding of a Hugging Face causal LM with pluggable parts.
 
     ``drafter=None`` decodes plainly (one target pass per token), the reference for every speedup.
+    ``matmul`` picks the product of the linear layers in the passes over a few positions (decoding
+    steps, draft steps, verification): ``"auto"`` (default) measures on the first generation, on
+    CPUs, whether ``(W @ x.T).T`` beats ``F.linear`` for each number of positions and keeps the
+    faster (:mod:`eesd_core.kernels`); ``"standard"`` and ``"transposed"`` force one.
+    ``matmul_plan`` holds the choice.
     """
 
     def __init__(
@@ -76,6 +82,7 @@ class SpeculativeDecoder:
         verifier: str = "lossless",
         verifier_options: dict[str, Any] | None = None,
         max_draft_tokens: int = 8,
+        matmul: str = "auto",
         tokenizer: Any = None,
     ) -> None:
         self.config: DecoderConfig = validate(
@@ -88,6 +95,7 @@ class SpeculativeDecoder:
                 verifier=verifier,
                 verifier_options=verifier_options or {},
                 max_draft_tokens=max_draft_tokens,
+                matmul=matmul,
             ),
             "decoder configuration",
         )
@@ -106,6 +114,7 @@ class SpeculativeDecoder:
         self.clock = time.perf_counter  # seconds; the test kit substitutes a deterministic clock
         self.last_stats: GenerationStats | None = None
         self.state: _Generation | None = None
+        self.matmul_plan: MatmulPlan | None = None
         self._observe = self.manager.has_observers("eesd_round_end")
 
     @classmethod
@@ -214,6 +223,9 @@ class SpeculativeDecoder:
             )
 
     def _run(self, prompt: list[int], config: GenerationConfig, rng: RandomSource) -> Iterator[list[int]]:
+        if self.matmul_plan is None:
+            rows = self.config.max_draft_tokens + 1 if self.drafter is not None else 1
+            self.matmul_plan = plan_for(self.adapter, self.config.matmul, rows)
         started = self.clock()
         sampling = SamplingParams(config.temperature, config.top_k, config.top_p)
         g = _Generation(
@@ -230,7 +242,8 @@ class SpeculativeDecoder:
             len(prompt), config.max_new_tokens, self.config.max_draft_tokens, sampling, self.costs.snapshot()
         )
         with torch.inference_mode():
-            self._prefill(g)
+            with self.matmul_plan.active():
+                self._prefill(g)
             if self.drafter is not None:
                 self.guard.call_controller("start", self.controller.start, request)
             g.stats.prefill_time = self.clock() - started
@@ -310,7 +323,9 @@ class SpeculativeDecoder:
             cache=g.cache,
             history=torch.tensor(g.history, dtype=torch.long),
         )
-        proposal = self.guard.call_drafter("propose", self.drafter.propose, pending, ctx)
+        assert self.matmul_plan is not None
+        with self.matmul_plan.active():
+            proposal = self.guard.call_drafter("propose", self.drafter.propose, pending, ctx)
         self.guard.check_proposal(proposal, max_k, self.adapter.num_layers)
         return proposal
 
@@ -323,8 +338,10 @@ class SpeculativeDecoder:
         else:
             hidden = proposal.hidden
         self.guard.check_cache(g.cache, start, position, proposal.k)
-        hidden = self.adapter.run_layers(hidden, start, self.adapter.num_layers, g.cache, position)
-        logits = self.adapter.logits(self.adapter.norm(hidden))  # [k+1, V]
+        assert self.matmul_plan is not None
+        with self.matmul_plan.active():
+            hidden = self.adapter.run_layers(hidden, start, self.adapter.num_layers, g.cache, position)
+            logits = self.adapter.logits(self.adapter.norm(hidden))  # [k+1, V]
         check_finite(logits, "Target")
         return process_logits(logits, g.sampling)
 

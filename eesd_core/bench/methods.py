@@ -5,7 +5,7 @@ A spec is ``KIND`` or ``KIND:key=value,...`` with KIND one of
 - ``hf``: transformers' ``generate()``, plain decoding (the baseline);
 - ``hf_early_exit``: transformers' ``generate(assistant_early_exit=N)``; key ``exit_layer``;
 - ``eesd``: a :class:`~eesd_core.engine.SpeculativeDecoder`; keys ``drafter`` (``none`` for plain
-  decoding), ``controller``, ``verifier``, ``max_draft_tokens``; ``drafter.X`` and
+  decoding), ``controller``, ``verifier``, ``max_draft_tokens``, ``matmul``; ``drafter.X`` and
   ``controller.X`` set plug-in options, and any other key is a controller option, so
   ``eesd:controller=fixed,k=4`` drafts four tokens a round;
 - ``oracle``: not run, but replayed from a recorded trace (the best draft length in hindsight).
@@ -23,12 +23,14 @@ from typing import Any
 from eesd_core.errors import ConfigError
 
 KINDS = ("hf", "hf_early_exit", "eesd", "oracle")
-DECODER_KEYS = ("drafter", "controller", "verifier", "max_draft_tokens")
+DECODER_KEYS = ("drafter", "controller", "verifier", "max_draft_tokens", "matmul")
 
 PRESETS: dict[str, str] = {
     "hf": "hf",
     "hf_early_exit": "hf_early_exit",
     "eesd_plain": "eesd:drafter=none",
+    "eesd_plain_standard": "eesd:drafter=none,matmul=standard",
+    "eesd_default_standard": "eesd:matmul=standard",
     "eesd_default": "eesd",
     "eesd_fixed_k1": "eesd:controller=fixed,k=1",
     "eesd_fixed_k2": "eesd:controller=fixed,k=2",
@@ -45,7 +47,14 @@ PRESETS: dict[str, str] = {
 }
 
 GROUPS: dict[str, tuple[str, ...]] = {
-    "default": ("hf", "hf_early_exit", "eesd_plain", "eesd_default", "eesd_prompt_lookup"),
+    "default": (
+        "hf",
+        "hf_early_exit",
+        "eesd_plain_standard",
+        "eesd_plain",
+        "eesd_default",
+        "eesd_prompt_lookup",
+    ),
     "controllers": (
         "eesd_fixed_k1",
         "eesd_fixed_k2",

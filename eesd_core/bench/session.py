@@ -59,6 +59,7 @@ class Session:
                 progress=bar.update,
             )
         names = [m.name for m in self.timed]
+        matmul = self._matmul_plan()
         return {
             "schema": SCHEMA,
             "environment": environment(self.model, self.model_name),
@@ -70,12 +71,33 @@ class Session:
             },
             "methods": [{"name": m.name, "kind": m.kind, "options": m.options} for m in self.methods],
             "notes": self.notes,
+            "matmul": matmul,
             "summary": summarize(samples, names, baseline, group_by),
             "mismatches": mismatches(samples),
             "memory": None,
             "modelled": None,
             "oracle": None,
             "samples": samples,
+        }
+
+    def _matmul_plan(self) -> dict[str, Any] | None:
+        """The product eesd's short passes used (``matmul="auto"``), measured during the runs."""
+        from eesd_core.kernels import plan_for
+        from eesd_core.models import find_adapter
+
+        if not any(m.kind == "eesd" for m in self.timed):
+            return None
+        plan = plan_for(find_adapter(self.model), "auto", self.settings.max_draft_tokens + 1)
+        timings = ", ".join(
+            f"m={m} {a * 1e3:.1f}/{b * 1e3:.1f}" for m, (a, b) in sorted(plan.timings.items())
+        )
+        self.notes.append(
+            f"eesd matmul (auto): {plan.describe()}"
+            + (f"; whole-pass ms, F.linear/transposed: {timings}" if timings else "")
+        )
+        return {
+            "rows": sorted(plan.rows),
+            "timings_ms": {str(m): [a * 1e3, b * 1e3] for m, (a, b) in sorted(plan.timings.items())},
         }
 
     def add_memory(self, result: dict[str, Any], model_path: str, dtype: str, threads: int | None) -> None:

@@ -102,6 +102,7 @@ class Setup:
     controller_options: dict[str, Any] = field(default_factory=dict)
     verifier_options: dict[str, Any] = field(default_factory=dict)
     max_draft_tokens: int = 3
+    matmul: str = "auto"
 
     def subjects(self) -> dict[str, Callable[[], Any]]:
         parts = {"drafter": self.drafter, "controller": self.controller, "verifier": self.verifier}
@@ -120,4 +121,5 @@ class Setup:
             verifier=self._name(self.verifier) or "lossless",
             verifier_options=self.verifier_options,
             max_draft_tokens=self.max_draft_tokens,
+            matmul=self.matmul,
         )

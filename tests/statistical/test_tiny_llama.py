@@ -57,10 +57,16 @@ def assert_follows_the_target(samples, model, sampling):
     assert_same_distribution(samples, pairs, FALSE_FAIL_RATE / 2, what="first two tokens")
 
 
-def test_exact_on_a_tiny_llama():
+@pytest.mark.parametrize("matmul", ["standard", "transposed"])
+def test_exact_on_a_tiny_llama(matmul):
     model = tiny_llama(vocab_size=8)
     setup = Setup(
-        model, drafter="early_exit", drafter_options=EARLY_EXIT, controller="fixed", max_draft_tokens=2
+        model,
+        drafter="early_exit",
+        drafter_options=EARLY_EXIT,
+        controller="fixed",
+        max_draft_tokens=2,
+        matmul=matmul,
     )
     sampling = SamplingParams(1.0, top_k=4)
     actual = engine_distribution(setup, PROMPT, 3, sampling)
