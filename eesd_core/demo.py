@@ -38,6 +38,8 @@ def run_demo(args: argparse.Namespace) -> int:
     plain_tokens = plain_result.sequences[0, len(ids) :].tolist()
     _report(args, fast_stats, plain_result.stats, fast_tokens == plain_tokens)
     print(f"  drafter: {_describe_drafter(fast)}")
+    if fast.matmul_plan is not None:
+        print(f"  short passes: {fast.matmul_plan.describe()} (matmul='auto', eesd_core.kernels)")
     return 0 if fast_tokens == plain_tokens else 1
 
 
