@@ -107,6 +107,9 @@ class SpeculativeDecoder:
         self.drafter = self._build("drafter", cfg.drafter, cfg.drafter_options) if cfg.drafter else None
         if self.drafter is not None:
             self.drafter.attach(self.adapter)
+        # a drafter may ask for the target's last-layer states of every position it verifies
+        self._top_states = bool(getattr(self.drafter, "wants_top_states", False))
+        self._last_top: torch.Tensor | None = None
         self.controller = self._build("controller", cfg.controller, cfg.controller_options)
         self.verifier = self._build("verifier", cfg.verifier, cfg.verifier_options)
         self.guard = Guarded(self.adapter.vocab_size, cfg.drafter, cfg.controller, cfg.verifier)
@@ -271,7 +274,9 @@ class SpeculativeDecoder:
         if self.drafter is not None:
             self.drafter.prefill(g.cache, tokens, hidden if shared else None)
         if hidden is not None:
-            self.adapter.run_layers(hidden, shared, self.adapter.num_layers, g.cache, 0, rotary)
+            top = self.adapter.run_layers(hidden, shared, self.adapter.num_layers, g.cache, 0, rotary)
+            if self._top_states and self.drafter is not None:
+                self.guard.call_drafter("top_states", self.drafter.top_states, top, 0)
 
     def _round(self, g: _Generation) -> list[int]:
         position = len(g.history) - 1
@@ -284,6 +289,8 @@ class SpeculativeDecoder:
         t1 = self.clock()
         p = self._target(g, pending, proposal, position)  # [k+1, V]
         n, token = self.guard.verify(self.verifier, proposal, p, g.rng)
+        if self._top_states and self.drafter is not None:
+            self.guard.call_drafter("top_states", self.drafter.top_states, self._last_top, position)
         t2 = self.clock()
         committed = proposal.tokens[:n].tolist() + [token]
         self._rollback(g, position + n + 1)
@@ -342,6 +349,8 @@ class SpeculativeDecoder:
         with self.matmul_plan.active():
             hidden = self.adapter.run_layers(hidden, start, self.adapter.num_layers, g.cache, position)
             logits = self.adapter.logits(self.adapter.norm(hidden))  # [k+1, V]
+        if self._top_states:
+            self._last_top = hidden  # [1, k+1, H], before the final norm
         check_finite(logits, "Target")
         return process_logits(logits, g.sampling)
 

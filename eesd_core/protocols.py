@@ -182,6 +182,12 @@ class Drafter(Protocol):
     ``shared_layers`` is how many of the target's first layers the drafter runs itself over the
     target's own cache (N for the early-exit drafter, 0 for an independent one). The engine runs
     those layers over the prompt and hands their output to ``prefill``.
+
+    Optional: a drafter whose ``wants_top_states`` is true also gets
+    ``top_states(hidden, position)``, the target's last-layer states ``[1, m, H]`` (before the final
+    norm) at positions ``position .. position + m - 1``: those of the prompt after prefill, and
+    those of [pending, d_1..d_k] after each verification, before ``rollback``. They cost nothing
+    extra: the target computes them anyway.
     """
 
     shared_layers: int

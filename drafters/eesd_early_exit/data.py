@@ -2,7 +2,9 @@
 
 Generation is batched (left padding, one shared cache, positions per row). At every position it keeps
 the layer-N hidden state h_N, the exit head's input, and at every position that predicts a response
-token the teacher's top-k log-probabilities of the final layer. Both come out of the forward passes
+token the teacher's top-k log-probabilities of the final layer. It can keep the states after other
+layers too (``extra_layers``): one generation then serves a sweep over N, and the states after the
+last layer (before the final norm) feed a head with the top-state input. Both come out of the forward passes
 that generate the text, so the data costs no more than generating it. Prompt positions keep h_N too:
 they are the context the exit layer attends to, as its KV cache does at decode time.
 
@@ -30,7 +32,11 @@ from eesd_core.protocols import ModelAdapter
 
 @dataclass(frozen=True)
 class CaptureSettings:
-    """What a shard depends on; a work directory holds data of one setting only."""
+    """What a shard depends on; a work directory holds data of one setting only.
+
+    The states after ``exit_layer`` and each of ``extra_layers`` are kept (``num_layers``: after the
+    last layer, before the final norm). A shard that holds more layers than asked serves as well.
+    """
 
     exit_layer: int
     max_new_tokens: int
@@ -38,17 +44,33 @@ class CaptureSettings:
     temperature: float = 0.0
     batch_size: int = 16
     seed: int = 0
+    extra_layers: tuple[int, ...] = ()
+
+    @property
+    def layers(self) -> tuple[int, ...]:
+        return tuple(sorted({self.exit_layer, *self.extra_layers}))
+
+    def key(self) -> str:
+        """The settings that must match exactly; the layers need only be among a shard's."""
+        fields = {k: v for k, v in asdict(self).items() if k not in ("exit_layer", "extra_layers")}
+        return json.dumps(fields, sort_keys=True)
 
 
 @dataclass
 class Sample:
-    """One prompt and its response. ``hidden``: h_N ``[plen + R - 1, H]``; top-k: ``[R, K]``."""
+    """One prompt and its response. ``hidden``: h_N ``[plen + R - 1, H]``; top-k: ``[R, K]``.
+
+    ``top``, when read: the states after the last layer at the same positions ``[plen + R - 1, H]``.
+    ``layers``: the states after each captured layer, as generated (``read_shards`` picks two).
+    """
 
     tokens: torch.Tensor
     prompt_length: int
     hidden: torch.Tensor
     topk_logprobs: torch.Tensor
     topk_ids: torch.Tensor
+    top: torch.Tensor | None = None
+    layers: dict[int, torch.Tensor] | None = None
 
     @property
     def response(self) -> torch.Tensor:
@@ -90,7 +112,8 @@ def generate_shards(
 def _shard_metadata(settings: CaptureSettings, batch: list[list[int]], fingerprint: str) -> dict[str, str]:
     digest = hashlib.sha256(json.dumps(batch).encode()).hexdigest()[:32]
     return {
-        "settings": json.dumps(asdict(settings), sort_keys=True),
+        "settings": settings.key(),
+        "layers": json.dumps(list(settings.layers)),
         "prompts": digest,
         "target": fingerprint,
     }
@@ -107,6 +130,13 @@ def _shard_is_done(path: Path, meta: dict[str, str]) -> bool:
             f"{str(path)!r} holds data generated with other settings or another target. "
             "Use another work directory, or delete this one to regenerate."
         )
+    held, needed = json.loads(found.get("layers", "[]")), json.loads(meta["layers"])
+    if not set(needed) <= set(held):
+        raise ConfigError(
+            f"{str(path)!r} was generated with other settings: it holds the states after layers "
+            f"{held}, and this run needs {needed}. Use another work directory, or generate once "
+            "with every layer you need (--capture-layers)."
+        )
     return found.get("prompts") == meta["prompts"]
 
 
@@ -118,7 +148,8 @@ def capture_batch(
     eos_ids: list[int],
     generator: torch.Generator,
 ) -> list[Sample]:
-    """Generate responses to ``prompts`` together, keeping h_N and the teacher's top-k per position."""
+    """Generate responses to ``prompts`` together, keeping the states after ``settings.layers`` and
+    the teacher's top-k per position. ``Sample.hidden`` is h_N; ``Sample.layers`` holds them all."""
     device = adapter.device
     batch, longest = len(prompts), max(len(p) for p in prompts)
     total = longest + settings.max_new_tokens
@@ -129,7 +160,9 @@ def capture_batch(
         valid[b, longest - len(prompt) : longest] = True
     positions = (valid[:, :longest].long().cumsum(1) - 1).clamp_min(0)  # [B, P]
     cache = adapter.new_cache(capacity=total)
-    h, logits = _forward(adapter, ids, positions, valid[:, :longest], cache, settings.exit_layer)
+    layers = settings.layers
+    _check_layers(adapter, layers)
+    h, logits = _forward(adapter, ids, positions, valid[:, :longest], cache, layers)
     hiddens, tops, steps = [h], [], []
     for t in range(settings.max_new_tokens):
         logprobs = torch.log_softmax(logits.float(), dim=-1)  # [B, V]
@@ -141,30 +174,47 @@ def capture_batch(
             break
         valid[:, longest + t] = True
         position = positions[:, -1:] + 1 + t
-        h, logits = _forward(
-            adapter, token.view(-1, 1), position, valid[:, : longest + t + 1], cache, settings.exit_layer
-        )
+        h, logits = _forward(adapter, token.view(-1, 1), position, valid[:, : longest + t + 1], cache, layers)
         hiddens.append(h)
-    return _split(prompts, torch.cat(hiddens, 1), tops, torch.stack(steps, 1), eos_ids, longest)
+    states = torch.cat(hiddens, 2)  # [len(layers), B, T, H]
+    samples = _split(prompts, states, tops, torch.stack(steps, 1), eos_ids, longest, layers)
+    for s in samples:
+        assert s.layers is not None
+        s.hidden = s.layers[settings.exit_layer]
+    return samples
+
+
+def _check_layers(adapter: Any, layers: tuple[int, ...]) -> None:
+    bad = [n for n in layers if not 1 <= n <= adapter.num_layers]
+    if bad:
+        raise ConfigError(
+            f"Cannot keep the states after layers {bad}: this model has layers 1..{adapter.num_layers}."
+        )
 
 
 def _forward(
-    adapter: Any, ids: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor, cache: Any, exit_layer: int
+    adapter: Any,
+    ids: torch.Tensor,
+    positions: torch.Tensor,
+    valid: torch.Tensor,
+    cache: Any,
+    layers: tuple[int, ...],
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """All layers over ``ids`` ``[B, m]``: returns h_N ``[B, m, H]`` and the last column's logits."""
+    """All layers over ``ids`` ``[B, m]``: the states after ``layers`` ``[len(layers), B, m, H]``
+    and the last column's logits."""
     batch, m = ids.shape
     x = adapter.embed(ids.reshape(-1)).view(batch, m, -1)
     rotary = adapter.backbone.rotary_emb(x, positions)
     masks: dict[int | None, torch.Tensor] = {}
-    exit_hidden = x
+    kept = []
     for index, layer in enumerate(adapter.layers):
         window = adapter.windows[index]
         if window not in masks:
             masks[window] = _padded_mask(valid, m, window, x.dtype)
         x = adapter.call_layer(layer, x, masks[window], rotary, cache)
-        if index + 1 == exit_layer:
-            exit_hidden = x
-    return exit_hidden, adapter.model.lm_head(adapter.norm(x[:, -1]))
+        if index + 1 in layers:
+            kept.append(x)
+    return torch.stack(kept), adapter.model.lm_head(adapter.norm(x[:, -1]))
 
 
 def _padded_mask(valid: torch.Tensor, m: int, window: int | None, dtype: torch.dtype) -> torch.Tensor:
@@ -195,16 +245,17 @@ def _finished(steps: torch.Tensor, eos_ids: list[int]) -> torch.Tensor:
 
 def _split(
     prompts: list[list[int]],
-    hidden: torch.Tensor,
+    states: torch.Tensor,
     tops: list[Any],
     steps: torch.Tensor,
     eos_ids: list[int],
     longest: int,
+    layers: tuple[int, ...],
 ) -> list[Sample]:
     """Cut the batch into samples: each row up to its first EOS, without the left padding."""
     values = torch.stack([t.values for t in tops], 1)  # [B, R, K]
     indices = torch.stack([t.indices for t in tops], 1)
-    hidden = _compact(hidden)
+    by_layer = {n: _compact(states[i]) for i, n in enumerate(layers)}
     samples = []
     for b, prompt in enumerate(prompts):
         response = steps[b].tolist()
@@ -213,13 +264,15 @@ def _split(
                 response = response[: i + 1]
                 break
         plen, r = len(prompt), len(response)
+        kept = {n: h[b, longest - plen : longest + r - 1] for n, h in by_layer.items()}
         samples.append(
             Sample(
                 tokens=torch.tensor(prompt + response, dtype=torch.long),
                 prompt_length=plen,
-                hidden=hidden[b, longest - plen : longest + r - 1],
+                hidden=kept[layers[0]],
                 topk_logprobs=values[b, :r].half().cpu(),
                 topk_ids=indices[b, :r].int().cpu(),
+                layers=kept,
             )
         )
     return samples
@@ -233,14 +286,16 @@ def _compact(h: torch.Tensor) -> torch.Tensor:
 
 def write_shard(path: Path, samples: list[Sample], metadata: dict[str, str]) -> None:
     """One shard: the samples' tensors concatenated, with their lengths to cut them apart again."""
+    layers = samples[0].layers or {}
     tensors = {
         "tokens": torch.cat([s.tokens for s in samples]),
         "prompt_lengths": torch.tensor([s.prompt_length for s in samples]),
         "response_lengths": torch.tensor([len(s.response) for s in samples]),
-        "hidden": torch.cat([s.hidden for s in samples]),
         "topk_logprobs": torch.cat([s.topk_logprobs for s in samples]),
         "topk_ids": torch.cat([s.topk_ids for s in samples]),
     }
+    for n in layers:
+        tensors[f"hidden.{n}"] = torch.cat([s.layers[n] for s in samples if s.layers is not None])
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
@@ -251,9 +306,32 @@ def write_shard(path: Path, samples: list[Sample], metadata: dict[str, str]) -> 
             os.unlink(tmp)
 
 
-def read_shard(path: str | Path) -> list[Sample]:
+def shard_layers(path: str | Path) -> list[int]:
+    """The layers whose states a shard holds."""
     with safe_open(str(path), framework="pt") as f:
-        t = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118
+        return sorted(int(name.split(".", 1)[1]) for name in f.keys() if name.startswith("hidden."))  # noqa: SIM118
+
+
+def read_shard(path: str | Path, layer: int | None = None, top_layer: int | None = None) -> list[Sample]:
+    """The samples of a shard, with ``hidden`` the states after ``layer`` (default: the shard's
+    only layer) and ``top`` those after ``top_layer`` if given."""
+    held = shard_layers(path)
+    if layer is None:
+        if len(held) != 1:
+            raise ConfigError(f"{str(path)!r} holds the states of layers {held}: say which to read.")
+        layer = held[0]
+    for wanted in (layer, top_layer):
+        if wanted is not None and wanted not in held:
+            raise ConfigError(
+                f"{str(path)!r} holds the states of layers {held}, not of layer {wanted}: generate "
+                "the data again with that layer among --capture-layers."
+            )
+    names = {"tokens", "prompt_lengths", "response_lengths", "topk_logprobs", "topk_ids"}
+    with safe_open(str(path), framework="pt") as f:
+        t = {name: f.get_tensor(name) for name in names}
+        t["hidden"] = f.get_tensor(f"hidden.{layer}")
+        if top_layer is not None:
+            t["top"] = f.get_tensor(f"hidden.{top_layer}")
     samples, tok, row, top = [], 0, 0, 0
     for plen, r in zip(t["prompt_lengths"].tolist(), t["response_lengths"].tolist(), strict=True):
         rows = plen + r - 1
@@ -264,14 +342,15 @@ def read_shard(path: str | Path) -> list[Sample]:
                 hidden=t["hidden"][row : row + rows],
                 topk_logprobs=t["topk_logprobs"][top : top + r],
                 topk_ids=t["topk_ids"][top : top + r],
+                top=t["top"][row : row + rows] if "top" in t else None,
             )
         )
         tok, row, top = tok + plen + r, row + rows, top + r
     return samples
 
 
-def read_shards(paths: list[Path]) -> list[Sample]:
-    return [sample for path in paths for sample in read_shard(path)]
+def read_shards(paths: list[Path], layer: int | None = None, top_layer: int | None = None) -> list[Sample]:
+    return [sample for path in paths for sample in read_shard(path, layer, top_layer)]
 
 
 def rank_vocab(samples: list[Sample], vocab_size: int, size: int, keep: list[int]) -> torch.Tensor:

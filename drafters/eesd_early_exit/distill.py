@@ -42,6 +42,8 @@ class DistillConfig:
     generate_batch: int = 16
     init_layer: int | None = None
     vocab_size_subset: int = 0
+    top_input: bool = False
+    capture_layers: tuple[int, ...] = ()
     train: TrainSettings = field(default_factory=TrainSettings)
     eval_prompts: int = 16
     eval_max_new_tokens: int = 128
@@ -52,7 +54,8 @@ class DistillConfig:
     def work(self) -> Path:
         return Path(self.work_dir) if self.work_dir else Path(f"{self.out}.work")
 
-    def capture(self) -> CaptureSettings:
+    def capture(self, num_layers: int) -> CaptureSettings:
+        extra = set(self.capture_layers) | ({num_layers} if self.top_input else set())
         return CaptureSettings(
             self.exit_layer,
             self.max_new_tokens,
@@ -60,7 +63,12 @@ class DistillConfig:
             self.temperature,
             self.generate_batch,
             self.train.seed,
+            tuple(sorted(extra - {self.exit_layer})),
         )
+
+    def top_layer(self, num_layers: int) -> int | None:
+        """The layer whose states feed a top-input head (the last), or None for the paper's head."""
+        return num_layers if self.top_input else None
 
 
 def distill(
@@ -85,14 +93,11 @@ def distill(
     eos = _eos_ids(model)
     target = fingerprint(model)
     started = time.perf_counter()
-    shards = generate_shards(
-        adapter, train_ids, config.work / "train", config.capture(), eos, progress, target
-    )
-    held_shards = generate_shards(
-        adapter, held_ids, config.work / "heldout", config.capture(), eos, progress, target
-    )
+    capture, top = config.capture(adapter.num_layers), config.top_layer(adapter.num_layers)
+    shards = generate_shards(adapter, train_ids, config.work / "train", capture, eos, progress, target)
+    held_shards = generate_shards(adapter, held_ids, config.work / "heldout", capture, eos, progress, target)
     generate_seconds = time.perf_counter() - started
-    samples = read_shards(shards)
+    samples = read_shards(shards, config.exit_layer, top)
     vocab_ids = None
     if config.vocab_size_subset and config.vocab_size_subset < adapter.vocab_size:
         vocab_ids = rank_vocab(samples, adapter.vocab_size, config.vocab_size_subset, eos)
@@ -115,7 +120,8 @@ def distill(
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     save_head(head, adapter, config.out, training=report)
-    report["eval"] = evaluate(model, config.out, held_ids, config, read_shards(held_shards), eos, progress)
+    held = read_shards(held_shards, config.exit_layer, top)
+    report["eval"] = evaluate(model, config.out, held_ids, config, held, eos, progress)
     save_head(head, adapter, config.out, training=report)
     return report
 
@@ -152,18 +158,29 @@ def evaluate_only(
 ) -> dict[str, Any]:
     """Evaluate an existing head file; held-out data at its exit layer goes to the work directory."""
     adapter = find_adapter(model)
-    config.exit_layer = int(read_metadata(head_path)["exit_layer"])
+    metadata = read_metadata(head_path)
+    config.exit_layer = int(metadata["exit_layer"])
+    config.top_input = metadata.get("exit_input", "hidden") == "hidden+top"
     _, held_ids = _prompt_ids([], heldout, tokenizer)
     eos = _eos_ids(model)
+    capture = config.capture(adapter.num_layers)
     shards = generate_shards(
-        adapter, held_ids, config.work / "heldout", config.capture(), eos, progress, fingerprint(model)
+        adapter, held_ids, config.work / "heldout", capture, eos, progress, fingerprint(model)
     )
-    return evaluate(model, head_path, held_ids, config, read_shards(shards), eos, progress)
+    held = read_shards(shards, config.exit_layer, config.top_layer(adapter.num_layers))
+    return evaluate(model, head_path, held_ids, config, held, eos, progress)
 
 
 def new_head(adapter: Any, config: DistillConfig, vocab_ids: torch.Tensor | None) -> ExitHead:
     """A float32 exit head initialised from a copy of target layer ``init_layer`` (default: last)."""
-    head = ExitHead(adapter, config.exit_layer, 1, init_layer=config.init_layer, vocab_ids=vocab_ids)
+    head = ExitHead(
+        adapter,
+        config.exit_layer,
+        1,
+        init_layer=config.init_layer,
+        vocab_ids=vocab_ids,
+        top_input=config.top_input,
+    )
     head.init_layer = adapter.num_layers - 1 if config.init_layer is None else config.init_layer
     return head.float()
 
@@ -174,6 +191,12 @@ def _check(adapter: Any, config: DistillConfig) -> None:
         raise ConfigError(
             f"--exit-layer {config.exit_layer} is out of range for a model of {adapter.num_layers} layers: "
             f"choose 1 <= N <= {adapter.num_layers - 1}."
+        )
+    bad = [n for n in config.capture_layers if not 1 <= n <= adapter.num_layers]
+    if bad:
+        raise ConfigError(
+            f"--capture-layers {bad} are out of range for a model of {adapter.num_layers} layers: "
+            f"choose layers in 1..{adapter.num_layers} ({adapter.num_layers}: the last, before the norm)."
         )
     if config.init_layer is not None and not 0 <= config.init_layer < adapter.num_layers:
         raise ConfigError(f"--init-layer must be in [0, {adapter.num_layers}), got {config.init_layer}.")
@@ -235,6 +258,17 @@ def add_distill_command(subparsers: Any) -> None:
     parser.add_argument("--generate-batch", type=int, default=16)
     parser.add_argument("--init-layer", type=int, default=None, help="target layer to copy (default: last)")
     parser.add_argument("--vocab-size-subset", type=int, default=0, help="K: draft over K tokens (0: all)")
+    parser.add_argument(
+        "--top-input",
+        action="store_true",
+        help="also feed the head the target's last-layer state of the previous position",
+    )
+    parser.add_argument(
+        "--capture-layers",
+        default="",
+        help="comma-separated layers whose states the data keeps too, so one generation serves "
+        "distillations at each of them (e.g. 3,6,9,12 for a sweep over N)",
+    )
     defaults = TrainSettings()
     for name, value in asdict(defaults).items():
         parser.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
@@ -293,9 +327,18 @@ def _config_from(args: argparse.Namespace) -> DistillConfig:
         generate_batch=args.generate_batch,
         init_layer=args.init_layer,
         vocab_size_subset=args.vocab_size_subset,
+        top_input=args.top_input,
+        capture_layers=_layers(args.capture_layers),
         train=train,
         eval_prompts=args.eval_prompts,
         eval_max_new_tokens=args.eval_max_new_tokens,
         eval_k=args.eval_k,
         resume=args.resume,
     )
+
+
+def _layers(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise ConfigError(f"--capture-layers takes comma-separated integers, got {text!r}.") from None

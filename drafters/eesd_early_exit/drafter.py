@@ -6,6 +6,13 @@ d_{i+1} from q; the controller is asked before each draft. The last draft d_k go
 [0, N) only: its layer-N state waits (with those of rounds that drafted nothing) until the exit
 layers next run, in one batched pass. So every cache, counting what waits, holds all k + 1 inputs,
 and one crop to the committed length restores the invariant whatever is accepted.
+
+A top-input head (``exit_input`` ``hidden+top`` in its file) also reads the target's last-layer
+state of the previous position. The drafter asks the engine for those states
+(``wants_top_states``) and keeps them for every committed position. Within a round only the first
+draft has the real one; later drafts read the head's own previous output instead. So after
+verification the exit cache keeps only the round's first position, and the accepted positions
+after it wait to run again with the target's states, in the next batched pass.
 """
 
 from __future__ import annotations
@@ -52,6 +59,11 @@ class EarlyExitDrafter:
         self.exit_cache = KVCache(0)
         self.deferred: list[torch.Tensor] = []
         self.deferred_count = 0
+        self.wants_top_states = False
+        self.tops: torch.Tensor | None = None  # [1, T, H] normalised top states, position t at t
+        self.top_count = 0
+        self.round_states: torch.Tensor | None = None
+        self.round_start = 0
 
     def attach(self, adapter: ModelAdapter) -> None:
         self.adapter = adapter
@@ -87,15 +99,53 @@ class EarlyExitDrafter:
             self.head = UntrainedHead(adapter, exit_layer)
         else:
             self.head = load_head(head_path, adapter)
+        self.wants_top_states = bool(self.head.top_input)
 
     def prefill(self, cache: KVCache, tokens: torch.Tensor, hidden: torch.Tensor | None) -> None:
         self.exit_cache = self.head.new_cache()
         self.deferred = []
         self.deferred_count = 0
+        self.top_count = 0
+        self.round_states = None
         if hidden is not None and hidden.shape[1]:
             self._defer(hidden)
 
+    def top_states(self, hidden: torch.Tensor, position: int) -> None:
+        """The target's last-layer states ``[1, m, H]`` (before its final norm) at positions
+        ``position .. position + m - 1``, from the prompt's pass and each verification."""
+        m = hidden.shape[1]
+        if self.tops is None or self.tops.shape[1] < position + m:
+            grown = hidden.new_zeros(1, max(2 * (position + m), 64), hidden.shape[2])
+            if self.tops is not None:
+                grown[:, : self.top_count] = self.tops[:, : self.top_count]
+            self.tops = grown
+        self.tops[:, position : position + m] = self.head.top_state(hidden)
+        self.top_count = position + m
+
+    def _tops_before(self, start: int, count: int) -> torch.Tensor:
+        """The top states of positions ``start - 1 .. start + count - 2`` (zeros before 0). # [1, count, H]"""
+        if start + count - 1 > self.top_count:
+            raise RuntimeError("the top states of verified positions were not handed to the drafter")
+        if self.tops is None:  # nothing verified yet: only position 0, which has no predecessor
+            return torch.zeros(
+                1, count, self.adapter.hidden_size, dtype=self.adapter.dtype, device=self.adapter.device
+            )
+        first = self.tops[:, max(start - 1, 0) : start + count - 1]
+        if start == 0:
+            first = torch.cat([first.new_zeros(1, 1, first.shape[2]), first], dim=1)
+        return first
+
     def rollback(self, length: int) -> None:
+        self.top_count = min(self.top_count, length)
+        if self.round_states is not None:
+            # the exit cache after the round's first position was built from stand-in top states:
+            # drop it, and let the accepted positions run again with the target's own
+            states, start, self.round_states = self.round_states, self.round_start, None
+            self.exit_cache.crop(min(length, start + 1))
+            keep = max(0, length - start - 1)
+            self.deferred = [states[:, 1 : 1 + keep]] if keep else []
+            self.deferred_count = keep
+            return
         self.exit_cache.crop(length)
         keep = max(0, length - self._exit_cached())
         if keep < self.deferred_count:
@@ -123,13 +173,24 @@ class EarlyExitDrafter:
     def _flush(self) -> None:
         if self.deferred:
             backlog = torch.cat(self.deferred, dim=1)
-            self.head.hidden(backlog, self._exit_cached(), self.exit_cache, None)
+            start = self._exit_cached()
+            top = self._tops_before(start, backlog.shape[1]) if self.wants_top_states else None
+            self.head.hidden(backlog, start, self.exit_cache, None, top)
             self.deferred, self.deferred_count = [], 0
 
     def _lower(
-        self, token: int, position: int, cache: KVCache, draft: bool = True
+        self,
+        token: int,
+        position: int,
+        cache: KVCache,
+        draft: bool = True,
+        stand_in: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, Any]:
-        """Layers [0, N) on one token, and the exit layers if it is drafted from. # [1, 1, H]"""
+        """Layers [0, N) on one token, and the exit layers if it is drafted from. # [1, 1, H]
+
+        ``stand_in``: for a top-input head, the head's output at the previous position, read in
+        place of the target's top state when that position is itself a draft.
+        """
         x = self.adapter.embed(torch.tensor([token], device=self.adapter.device))
         rotary = self.adapter.rotary(x, position)
         h = self.adapter.run_layers(x, 0, self.shared_layers, cache, position, rotary)
@@ -137,7 +198,10 @@ class EarlyExitDrafter:
             self._defer(h)
             return h, None
         self._flush()
-        return h, self.head.hidden(h, position, self.exit_cache, rotary)
+        top = None
+        if self.wants_top_states:
+            top = self.head.top_state(stand_in) if stand_in is not None else self._tops_before(position, 1)
+        return h, self.head.hidden(h, position, self.exit_cache, rotary, top)
 
     def propose(self, pending: int, ctx: DraftContext) -> Proposal:
         greedy = ctx.sampling.greedy
@@ -147,9 +211,10 @@ class EarlyExitDrafter:
         top1: list[float] = []
         entropies: list[float] = []
         token = pending
+        exit_hidden = None
         go = ctx.ask(DraftStep(0, ctx.max_tokens, ctx.costs))
         while go:
-            h, exit_hidden = self._lower(token, ctx.position + len(hiddens), ctx.cache)
+            h, exit_hidden = self._lower(token, ctx.position + len(hiddens), ctx.cache, stand_in=exit_hidden)
             hiddens.append(h)
             logits = self.head.logits(exit_hidden)  # [1, V]
             check_finite(logits, "Draft")
@@ -167,10 +232,13 @@ class EarlyExitDrafter:
             go = ctx.ask(DraftStep(len(tokens), ctx.max_tokens, ctx.costs, token, prob, top, entropy))
         h, _ = self._lower(token, ctx.position + len(hiddens), ctx.cache, draft=False)
         hiddens.append(h)
+        hidden = torch.cat(hiddens, dim=1)
+        if self.wants_top_states and tokens:
+            self.round_states, self.round_start = hidden, ctx.position
         return Proposal(
             tokens=torch.tensor(tokens, dtype=torch.long),
             q=torch.stack(rows) if rows else None,
-            hidden=torch.cat(hiddens, dim=1),
+            hidden=hidden,
             layers_done=self.shared_layers,
             top1=tuple(top1),
             entropies=tuple(entropies),

@@ -6,6 +6,11 @@
   vocabulary subset, in which case q is zero outside the subset and stays exactly the distribution
   drafts are sampled from.
 
+The paper's head reads h_N alone. With ``top_input`` it reads a wider input: a linear map of
+[h_N(t), top(t - 1)], where top(t - 1) is the target's last-layer state (after its final norm) at
+the previous position. Verification computes those states anyway; for a position whose predecessor
+is itself a draft, the head's own output there stands in for it.
+
 Head files are safetensors whose metadata names the target they were distilled from; the metadata
 is checked before any tensor is read (:mod:`eesd_early_exit.headfile`).
 """
@@ -26,6 +31,7 @@ class UntrainedHead(nn.Module):
     """The target's final norm and LM head applied to layer N (LayerSkip-style, no training)."""
 
     num_layers = 0
+    top_input = False
 
     def __init__(self, adapter: ModelAdapter, exit_layer: int) -> None:
         super().__init__()
@@ -35,7 +41,9 @@ class UntrainedHead(nn.Module):
     def new_cache(self) -> KVCache:
         return KVCache(0)
 
-    def hidden(self, h: torch.Tensor, position: int, cache: KVCache, rotary: Any) -> torch.Tensor:
+    def hidden(
+        self, h: torch.Tensor, position: int, cache: KVCache, rotary: Any, top: torch.Tensor | None = None
+    ) -> torch.Tensor:
         return h
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
@@ -52,15 +60,26 @@ class ExitHead(nn.Module):
         num_layers: int = 1,
         init_layer: int | None = None,
         vocab_ids: torch.Tensor | None = None,
+        top_input: bool = False,
     ) -> None:
         super().__init__()
         self.adapter = adapter
         self.exit_layer = exit_layer
         self.num_layers = num_layers
+        self.top_input = top_input
         source = adapter.num_layers - 1 if init_layer is None else init_layer
         backbone = adapter.model.model
         self.layers = nn.ModuleList(_copy_layer(backbone.layers[source], i) for i in range(num_layers))
         self.norm = copy.deepcopy(backbone.norm)
+        self.fuse = None
+        if top_input:
+            # starts as the paper's head: h_N passes through, the top state is weighted zero
+            size = adapter.hidden_size
+            self.fuse = nn.Linear(2 * size, size, bias=False)
+            with torch.no_grad():
+                self.fuse.weight.zero_()
+                self.fuse.weight[:, :size].copy_(torch.eye(size))
+            self.fuse.to(self.norm.weight.dtype)
         self.register_buffer("vocab_ids", vocab_ids, persistent=False)
         weight = adapter.model.lm_head.weight
         self.subset_head = None
@@ -72,14 +91,29 @@ class ExitHead(nn.Module):
     def new_cache(self) -> KVCache:
         return KVCache(self.num_layers)
 
-    def hidden(self, h: torch.Tensor, position: int, cache: KVCache, rotary: Any) -> torch.Tensor:
-        """Run the exit layers over ``h`` ``[1, m, H]`` at positions from ``position``."""
+    def hidden(
+        self, h: torch.Tensor, position: int, cache: KVCache, rotary: Any, top: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Run the exit layers over ``h`` ``[B, m, H]`` at positions from ``position``.
+
+        ``top`` ``[B, m, H]``: for a top-input head, the normalised top state of each row's
+        previous position (:meth:`top_state`); zeros before the first position.
+        """
+        if self.fuse is not None:
+            if top is None:
+                raise ValueError("a top-input exit head needs the top states of the previous positions")
+            h = self.fuse(torch.cat([h, top.to(h.dtype)], dim=-1))
         if rotary is None:
             rotary = self.adapter.rotary(h, position)
         mask = self.adapter.mask(h.shape[1], position, None, h)
         for layer in self.layers:
             h = self.adapter.call_layer(layer, h, mask, rotary, cache)
         return h
+
+    def top_state(self, h: torch.Tensor) -> torch.Tensor:
+        """What the head reads of a last-layer state, or of its own output standing in for one:
+        the target's final norm of it."""
+        return self.adapter.norm(h)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Draft logits ``[m, V]``; -inf outside the vocabulary subset, if any."""

@@ -3,7 +3,9 @@
 Metadata (all strings, as safetensors requires): ``format`` (``eesd-exit-head``), ``format_version``,
 ``architecture`` (model_type), ``hidden_size``, ``vocab_size``, ``num_target_layers``,
 ``fingerprint`` (of the target's weights), ``exit_layer``, ``num_exit_layers``, ``init_layer``,
-``vocab_subset`` (number of tokens, 0 for the full vocabulary), ``training`` (JSON) and
+``vocab_subset`` (number of tokens, 0 for the full vocabulary), ``exit_input`` (``hidden`` for the
+paper's head on h_N, ``hidden+top`` for a head that also reads the target's top state; absent in
+older files, which are ``hidden``), ``training`` (JSON) and
 ``tensors_sha256`` (of every tensor's name, dtype, shape and bytes, as stored). Loading checks the
 metadata against the target before any tensor is read, then the tensors against their checksum, so
 a file damaged after it was written is refused rather than used; writing is atomic.
@@ -27,6 +29,7 @@ from eesd_core.protocols import ModelAdapter
 
 FORMAT = "eesd-exit-head"
 FORMAT_VERSION = 1
+EXIT_INPUTS = ("hidden", "hidden+top")
 
 
 SHIPPED_HEADS = Path(__file__).parent / "heads"
@@ -99,6 +102,7 @@ def save_head(
         "num_exit_layers": str(head.num_layers),
         "init_layer": str(getattr(head, "init_layer", -1)),
         "vocab_subset": str(0 if head.vocab_ids is None else len(head.vocab_ids)),
+        "exit_input": "hidden+top" if head.top_input else "hidden",
         "training": json.dumps(training or {}, sort_keys=True),
     }
     tensors = {k: v.detach().to(dtype).contiguous().cpu() for k, v in head.trainable_state().items()}
@@ -152,6 +156,11 @@ def read_metadata(path: str | Path) -> dict[str, str]:
             f"{str(path)!r} has head format version {metadata.get('format_version')}, this eesd reads "
             f"{FORMAT_VERSION}. Upgrade eesd or re-distil the head."
         )
+    if metadata.get("exit_input", "hidden") not in EXIT_INPUTS:
+        raise HeadError(
+            f"{str(path)!r} needs an exit input this eesd does not know "
+            f"({metadata.get('exit_input')!r}; known: {', '.join(EXIT_INPUTS)}). Upgrade eesd."
+        )
     return metadata
 
 
@@ -194,6 +203,7 @@ def load_head(path: str | Path, adapter: ModelAdapter) -> Any:
             int(metadata["num_exit_layers"]),
             init_layer=None,
             vocab_ids=vocab_ids,
+            top_input=metadata.get("exit_input", "hidden") == "hidden+top",
         )
         dtype = adapter.model.lm_head.weight.dtype
         tensors.pop("subset_head.weight", None)  # frozen LM-head rows: rebuilt from the target

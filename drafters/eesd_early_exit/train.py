@@ -5,6 +5,11 @@ generated. The exit layer sees whole sequences, prompt included, with a causal m
 context its KV cache holds at decode time; the loss counts only positions that predict a response
 token. Loss: forward KL(p || q) with p the teacher's top-k probabilities renormalised (over the
 vocabulary subset, if any), plus an optional cross-entropy on the teacher's argmax.
+
+A top-input head reads, besides h_N(t), the target's normalised last-layer state at t - 1, captured
+with the data. At decode time that state is known only for the first draft of a round; later drafts
+read the head's own output at t - 1 instead, so ``top_weight`` adds a regression of the head's
+(normalised) output at t onto the target's state at t, which makes it a better stand-in.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ class TrainSettings:
     grad_clip: float = 1.0
     weight_decay: float = 0.0
     ce_weight: float = 0.0
+    top_weight: float = 0.0
     checkpoint_every: int = 200
 
 
@@ -73,19 +79,38 @@ def batches(samples: list[Sample], batch_tokens: int, generator: torch.Generator
 def collate(
     samples: list[Sample], index: list[int], vocab_map: torch.Tensor | None
 ) -> dict[str, torch.Tensor]:
-    """Right-padded h_N ``[B, T, H]``, the response-position mask ``[B, T]`` and their targets."""
+    """Right-padded h_N ``[B, T, H]``, the response-position mask ``[B, T]`` and their targets.
+
+    With top states in the samples, also ``top`` ``[B, T, H]``: row t holds the last-layer state
+    at t - 1 (zeros at t = 0), and ``top_target`` ``[n, H]``: the state at each response position.
+    """
     chosen = [samples[i] for i in index]
     longest = max(len(s.hidden) for s in chosen)
-    hidden = torch.zeros(len(chosen), longest, chosen[0].hidden.shape[1])
+    size = chosen[0].hidden.shape[1]
+    hidden = torch.zeros(len(chosen), longest, size)
     mask = torch.zeros(len(chosen), longest, dtype=torch.bool)
+    with_top = chosen[0].top is not None
+    top = torch.zeros(len(chosen), longest, size) if with_top else None
     for b, s in enumerate(chosen):
         hidden[b, : len(s.hidden)] = s.hidden.float()
         mask[b, s.prompt_length - 1 : len(s.hidden)] = True
+        if top is not None:
+            if s.top is None:
+                raise ConfigError(
+                    "Some samples have top states and others not: read all with the same layers."
+                )
+            top[b, 1 : len(s.top)] = s.top[:-1].float()
     ids = torch.cat([s.topk_ids.long() for s in chosen])  # [n, K]
     if vocab_map is not None:
         ids = vocab_map[ids]
     logprobs = torch.cat([s.topk_logprobs.float() for s in chosen])
-    return {"hidden": hidden, "mask": mask, "ids": ids, "logprobs": logprobs}
+    batch = {"hidden": hidden, "mask": mask, "ids": ids, "logprobs": logprobs}
+    if top is not None:
+        batch["top"] = top
+        batch["top_target"] = torch.cat(
+            [s.top[s.prompt_length - 1 :].float() for s in chosen if s.top is not None]
+        )
+    return batch
 
 
 def distill_loss(
@@ -108,9 +133,28 @@ def head_logits(head: Any, lm_weight: torch.Tensor, hidden: torch.Tensor) -> tor
 
 
 def forward(head: Any, lm_weight: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """The loss of one batch: exit layers over whole sequences, logits at response positions only."""
-    out = head.hidden(batch["hidden"], 0, head.new_cache(), None)  # [B, T, H]
-    return head_logits(head, lm_weight, out[batch["mask"]])
+    """Exit layers over whole sequences; logits at response positions only ``[n, V]``."""
+    return forward_states(head, lm_weight, batch)[0]
+
+
+def forward_states(
+    head: Any, lm_weight: torch.Tensor, batch: dict[str, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits ``[n, V]`` and the head's output states ``[n, H]`` at response positions."""
+    top = batch.get("top")
+    if top is not None:
+        with torch.no_grad():
+            top = head.top_state(top)
+    out = head.hidden(batch["hidden"], 0, head.new_cache(), None, top)  # [B, T, H]
+    picked = out[batch["mask"]]
+    return head_logits(head, lm_weight, picked), picked
+
+
+def top_loss(head: Any, states: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Smooth-L1 distance of the head's normalised output to the target's normalised top state."""
+    with torch.no_grad():
+        target = head.top_state(batch["top_target"])
+    return F.smooth_l1_loss(head.top_state(states), target)
 
 
 def frozen_lm_weight(head: Any) -> torch.Tensor:
@@ -143,11 +187,34 @@ def train_head(
     max_steps: int | None = None,
 ) -> TrainResult:
     """Train ``head`` (float32, in place) on ``samples``; resumable from ``checkpoint``."""
+    target = [p for p in head.adapter.model.parameters() if p.requires_grad]
+    for p in target:  # the target is frozen: no gradient piles up in it
+        p.requires_grad_(False)
+    try:
+        return _train(head, samples, settings, checkpoint, resume, progress, max_steps)
+    finally:
+        for p in target:
+            p.requires_grad_(True)
+
+
+def _train(
+    head: Any,
+    samples: list[Sample],
+    settings: TrainSettings,
+    checkpoint: Path | None,
+    resume: bool,
+    progress: bool,
+    max_steps: int | None,
+) -> TrainResult:
     from tqdm.auto import tqdm
 
     params = [p for name, p in head.named_parameters() if not name.startswith("subset_head")]
     if head.subset_head is not None:
         head.subset_head.requires_grad_(False)
+    if settings.top_weight and not head.top_input:
+        raise ConfigError("--top-weight trains the stand-in of a top-input head: add --top-input.")
+    if head.top_input and samples and samples[0].top is None:
+        raise ConfigError("A top-input head needs data read with the last layer's states.")
     opt = torch.optim.AdamW(params, lr=settings.lr, betas=(0.9, 0.95), weight_decay=settings.weight_decay)
     per_epoch = len(batches(samples, settings.batch_tokens, None))
     total = per_epoch * settings.epochs
@@ -166,9 +233,10 @@ def train_head(
             batch = collate(samples, index, mapping)
             for group in opt.param_groups:
                 group["lr"] = lr_at(step, total, settings)
-            loss = distill_loss(
-                forward(head, lm_weight, batch), batch["ids"], batch["logprobs"], settings.ce_weight
-            )
+            logits, states = forward_states(head, lm_weight, batch)
+            loss = distill_loss(logits, batch["ids"], batch["logprobs"], settings.ce_weight)
+            if settings.top_weight:
+                loss = loss + settings.top_weight * top_loss(head, states, batch)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, settings.grad_clip)
@@ -196,6 +264,7 @@ def _identity(head: Any, samples: list[Sample], settings: TrainSettings) -> str:
             "samples": len(samples),
             "positions": sum(len(s.response) for s in samples),
             "exit_layer": head.exit_layer,
+            "top_input": head.top_input,
             "vocab": vocab,
         },
         sort_keys=True,
