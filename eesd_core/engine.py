@@ -113,6 +113,8 @@ class SpeculativeDecoder:
         self.controller = self._build("controller", cfg.controller, cfg.controller_options)
         self.verifier = self._build("verifier", cfg.verifier, cfg.verifier_options)
         self.guard = Guarded(self.adapter.vocab_size, cfg.drafter, cfg.controller, cfg.verifier)
+        if self._top_states and not callable(getattr(self.drafter, "top_states", None)):
+            raise self.guard.fault("drafter", "sets wants_top_states but has no top_states() method")
         self.costs = CostTracker(cfg.max_draft_tokens)
         self.clock = time.perf_counter  # seconds; the test kit substitutes a deterministic clock
         self.last_stats: GenerationStats | None = None

@@ -41,6 +41,7 @@ class DistillConfig:
     temperature: float = 0.0
     generate_batch: int = 16
     init_layer: int | None = None
+    head_layers: int = 1
     vocab_size_subset: int = 0
     top_input: bool = False
     capture_layers: tuple[int, ...] = ()
@@ -172,11 +173,11 @@ def evaluate_only(
 
 
 def new_head(adapter: Any, config: DistillConfig, vocab_ids: torch.Tensor | None) -> ExitHead:
-    """A float32 exit head initialised from a copy of target layer ``init_layer`` (default: last)."""
+    """A float32 exit head of ``head_layers`` copies of target layer ``init_layer`` (default: last)."""
     head = ExitHead(
         adapter,
         config.exit_layer,
-        1,
+        config.head_layers,
         init_layer=config.init_layer,
         vocab_ids=vocab_ids,
         top_input=config.top_input,
@@ -203,6 +204,7 @@ def _check(adapter: Any, config: DistillConfig) -> None:
     positive = {
         "max-new-tokens": config.max_new_tokens,
         "generate-batch": config.generate_batch,
+        "head-layers": config.head_layers,
         "epochs": config.train.epochs,
         "batch-tokens": config.train.batch_tokens,
     }
@@ -257,6 +259,9 @@ def add_distill_command(subparsers: Any) -> None:
     parser.add_argument("--teacher-top-k", type=int, default=64, help="teacher log-probs kept per position")
     parser.add_argument("--generate-batch", type=int, default=16)
     parser.add_argument("--init-layer", type=int, default=None, help="target layer to copy (default: last)")
+    parser.add_argument(
+        "--head-layers", type=int, default=1, help="decoder layers in the head, each a copy of --init-layer"
+    )
     parser.add_argument("--vocab-size-subset", type=int, default=0, help="K: draft over K tokens (0: all)")
     parser.add_argument(
         "--top-input",
@@ -326,6 +331,7 @@ def _config_from(args: argparse.Namespace) -> DistillConfig:
         temperature=args.temperature,
         generate_batch=args.generate_batch,
         init_layer=args.init_layer,
+        head_layers=args.head_layers,
         vocab_size_subset=args.vocab_size_subset,
         top_input=args.top_input,
         capture_layers=_layers(args.capture_layers),

@@ -265,6 +265,7 @@ def _identity(head: Any, samples: list[Sample], settings: TrainSettings) -> str:
             "positions": sum(len(s.response) for s in samples),
             "exit_layer": head.exit_layer,
             "top_input": head.top_input,
+            "head_layers": head.num_layers,
             "vocab": vocab,
         },
         sort_keys=True,

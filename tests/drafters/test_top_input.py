@@ -276,6 +276,34 @@ def test_distilling_a_top_input_head(tmp_path: Path) -> None:
     )
 
 
+def test_a_two_layer_head_distils_and_decodes_losslessly(tmp_path: Path) -> None:
+    model = make_tiny(dtype=torch.float32, seed=3)
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(3, 97, (5,), generator=g).tolist() for _ in range(8)]
+    config = DistillConfig(
+        exit_layer=1,
+        out=tmp_path / "two.safetensors",
+        max_new_tokens=10,
+        top_k=8,
+        generate_batch=4,
+        head_layers=2,
+        top_input=True,
+        train=TrainSettings(epochs=1, lr=3e-3, batch_tokens=64, top_weight=0.5),
+        eval_prompts=0,
+    )
+    distill(model, config, prompts=prompts, heldout=prompts[:2], progress=False)
+    assert read_metadata(config.out)["num_exit_layers"] == "2"
+    dec = SpeculativeDecoder(
+        model, drafter_options={"head": str(config.out)}, controller="fixed", controller_options={"k": 3}
+    )
+    for prompt in prompts[:3]:
+        out = dec.generate(prompt, max_new_tokens=24, eos_token_id=[])
+        expected = model.generate(
+            torch.tensor([prompt]), max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0
+        )
+        assert out.sequences.tolist() == expected.tolist()
+
+
 def test_top_weight_needs_a_top_input_head(model64) -> None:
     head = ExitHead(find_adapter(model64), EXIT).double()
     with pytest.raises(ConfigError, match="--top-input"):

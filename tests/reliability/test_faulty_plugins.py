@@ -151,3 +151,25 @@ def test_nan_or_inf_logits_are_reported_not_sampled(bad: float) -> None:
     )
     with pytest.raises(NumericalError, match="NaN or \\+inf"):
         dec.generate([4, 5, 6], max_new_tokens=5, temperature=1.0, seed=0)
+
+
+class _AsksForTopStates:
+    """A drafter that asks for the target's top states but cannot take them."""
+
+    shared_layers = 0
+    wants_top_states = True
+
+    def attach(self, adapter):  # noqa: ANN001, ANN201
+        pass
+
+
+class _AsksPlugin:
+    @hookimpl
+    def eesd_register_drafters(self, register):  # noqa: ANN001, ANN201
+        register.add("asks", _AsksForTopStates)
+
+
+def test_drafter_asking_for_top_states_without_the_method_is_named(model) -> None:
+    get_manager().register(_AsksPlugin(), "asks-plugin")
+    with pytest.raises(PluginFault, match="drafter 'asks' sets wants_top_states but has no top_states"):
+        SpeculativeDecoder(model, drafter="asks")
