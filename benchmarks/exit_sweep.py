@@ -53,13 +53,18 @@ def head_facts(path: Path) -> dict[str, Any]:
     }
 
 
+def speedup(acceptance: list[float], costs: Any, k: int) -> float:
+    """Modelled speedup of k drafts every round over plain decoding, from measured acceptance."""
+    plain = costs.propose_base + costs.verify[0]
+    tokens = 1.0 + sum(acceptance[:k])
+    return tokens * plain / (costs.propose_base + k * costs.draft_step + costs.verify[k])
+
+
 def modelled(acceptance: list[float], costs: Any) -> tuple[int, float]:
     """Best k (0: plain) and its speedup over plain decoding, from measured acceptance."""
-    plain = costs.propose_base + costs.verify[0]
     best = (0, 1.0)
     for k in range(1, len(costs.verify)):
-        tokens = 1.0 + sum(acceptance[:k])
-        speed = tokens * plain / (costs.propose_base + k * costs.draft_step + costs.verify[k])
+        speed = speedup(acceptance, costs, k)
         if speed > best[1]:
             best = (k, speed)
     return best
@@ -96,7 +101,7 @@ def main() -> None:
         base = statistics.median(c.propose_base for c in runs)
         verify = [statistics.median(c.verify[m] for c in runs) for m in range(len(runs[0].verify))]
         costs = argparse.Namespace(draft_step=draft, propose_base=base, verify=verify)
-        best_k, speedup = modelled(facts["acceptance"], costs)
+        best_k, best = modelled(facts["acceptance"], costs)
         plain = base + verify[0]
         rows.append(
             {
@@ -106,7 +111,10 @@ def main() -> None:
                 "draft_share": draft / plain,
                 "verify_ms": [1e3 * v for v in verify],
                 "best_k": best_k,
-                "modelled_speedup": speedup,
+                "modelled_speedup": best,
+                "speedup_k1": speedup(facts["acceptance"], costs, 1),
+                "speedup_k3": speedup(facts["acceptance"], costs, 3),
+                "break_even_k1": (costs.draft_step + verify[1] - verify[0]) / plain,
             }
         )
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -124,8 +132,8 @@ def markdown(rows: list[dict[str, Any]], threads: int) -> list[str]:
         "measured acceptance by position and the measured costs.",
         "",
         "| head | N | input | top-1 | acceptance at draft 1..4 | tokens/pass (k=8) | draft step | "
-        "share of plain step | best k | modelled speedup | train s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "share of plain step | modelled k=1 / k=3 | break-even at k=1 | best k: speedup | train s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         acc = " ".join(f"{a:.2f}" for a in r["acceptance"][:4])
@@ -133,7 +141,8 @@ def markdown(rows: list[dict[str, Any]], threads: int) -> list[str]:
         lines.append(
             f"| {r['file']} | {r['exit_layer']} | {kind} | {r['top1']:.3f} | {acc} | "
             f"{r['mean_accepted_tokens']:.2f} | {r['draft_step_ms']:.1f} ms | {r['draft_share']:.1%} | "
-            f"{r['best_k']} | {r['modelled_speedup']:.3f} | {r['train_seconds']} |"
+            f"{r['speedup_k1']:.3f} / {r['speedup_k3']:.3f} | {r['break_even_k1']:.2f} | "
+            f"{r['best_k']}: {r['modelled_speedup']:.3f} | {r['train_seconds']} |"
         )
     plain = statistics.median(r["plain_step_ms"] for r in rows)
     lines += ["", f"Plain step (median over the heads' measurements): {plain:.1f} ms."]

@@ -50,6 +50,8 @@ def _describe_drafter(decoder: Any) -> str:
     head = getattr(drafter, "head_path", "n/a")
     layer = getattr(drafter, "shared_layers", None)
     where = f" at layer {layer}" if layer is not None else ""
+    if getattr(drafter, "wants_top_states", False):
+        where += ", reading the target's top state too"
     if head == "n/a":
         return type(drafter).__name__
     return f"exit head {head}{where}" if head is not None else f"untrained exit{where}"

@@ -77,5 +77,6 @@ def test_demo_streams_and_compares_with_plain_decoding(smollm2, capsys: pytest.C
     out = capsys.readouterr().out
     assert code == 0, out
     assert "greedy texts identical: yes" in out
-    assert "exit head" in out and "smollm2-135m-instruct-n6.safetensors at layer 6" in out
+    assert "exit head" in out and "smollm2-135m-instruct-n6-top.safetensors at layer 6" in out
+    assert "reading the target's top state" in out
     assert "plain decoding" in out and "tokens/s" in out
