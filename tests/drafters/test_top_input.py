@@ -122,7 +122,6 @@ def test_collate_shifts_the_top_states_by_one_position() -> None:
 def _reference_q(model, head, tokens: list[int], position: int, drafts: list[int], sampling) -> torch.Tensor:
     """q of each draft of a round at ``position``, from scratch: one pass over the committed
     context with the target's own top states, then the head's outputs as stand-ins."""
-    adapter = find_adapter(model)
     sequence = torch.tensor([tokens + drafts])
     with torch.no_grad():
         states = model(sequence, output_hidden_states=True).hidden_states
@@ -136,7 +135,6 @@ def _reference_q(model, head, tokens: list[int], position: int, drafts: list[int
             stand_in = head.top_state(out)
             out = head.hidden(lower[:, position + j : position + j + 1], position + j, cache, None, stand_in)
             rows.append(process_logits(head.logits(out), sampling)[0])
-    del adapter
     return torch.stack(rows)
 
 
@@ -185,6 +183,19 @@ def test_every_draft_distribution_matches_a_fresh_computation(model64, head64, k
     assert checked >= 30
 
 
+def _assert_greedy_equal(model, dec, prompts: list[list[int]], max_new_tokens: int) -> None:
+    for prompt in prompts:
+        out = dec.generate(prompt, max_new_tokens=max_new_tokens, eos_token_id=[])
+        expected = model.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+        assert out.sequences.tolist() == expected.tolist(), prompt
+
+
 @pytest.mark.parametrize("k", [1, 3, 8])
 def test_greedy_equals_transformers_with_a_top_input_head(model64, head64, k) -> None:
     dec = SpeculativeDecoder(
@@ -194,12 +205,7 @@ def test_greedy_equals_transformers_with_a_top_input_head(model64, head64, k) ->
         controller_options={"k": k},
         max_draft_tokens=k,
     )
-    for prompt in ([3, 1, 4, 1, 5], [9, 2], [7], list(range(10, 40))):
-        out = dec.generate(prompt, max_new_tokens=40, eos_token_id=[])
-        expected = model64.generate(
-            torch.tensor([prompt]), max_new_tokens=40, do_sample=False, eos_token_id=None, pad_token_id=0
-        )
-        assert out.sequences.tolist() == expected.tolist()
+    _assert_greedy_equal(model64, dec, [[3, 1, 4, 1, 5], [9, 2], [7], list(range(10, 40))], 40)
 
 
 def test_exact_distribution_with_a_top_input_head(tmp_path: Path) -> None:
@@ -268,12 +274,8 @@ def test_distilling_a_top_input_head(tmp_path: Path) -> None:
     plain = DistillConfig(**{**config.__dict__, "top_input": False, "out": tmp_path / "plain.safetensors"})
     plain.train = TrainSettings(epochs=1, lr=3e-3, batch_tokens=64)
     plain.work_dir = config.work
-    assert (
-        read_metadata(
-            distill(model, plain, prompts=prompts, heldout=prompts[:3], progress=False)["settings"]["out"]
-        )["exit_input"]
-        == "hidden"
-    )
+    distill(model, plain, prompts=prompts, heldout=prompts[:3], progress=False)
+    assert read_metadata(plain.out)["exit_input"] == "hidden"
 
 
 def test_a_two_layer_head_distils_and_decodes_losslessly(tmp_path: Path) -> None:
@@ -296,12 +298,7 @@ def test_a_two_layer_head_distils_and_decodes_losslessly(tmp_path: Path) -> None
     dec = SpeculativeDecoder(
         model, drafter_options={"head": str(config.out)}, controller="fixed", controller_options={"k": 3}
     )
-    for prompt in prompts[:3]:
-        out = dec.generate(prompt, max_new_tokens=24, eos_token_id=[])
-        expected = model.generate(
-            torch.tensor([prompt]), max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0
-        )
-        assert out.sequences.tolist() == expected.tolist()
+    _assert_greedy_equal(model, dec, prompts[:3], 24)
 
 
 def test_top_weight_needs_a_top_input_head(model64) -> None:
