@@ -177,11 +177,7 @@ def capture_batch(
         h, logits = _forward(adapter, token.view(-1, 1), position, valid[:, : longest + t + 1], cache, layers)
         hiddens.append(h)
     states = torch.cat(hiddens, 2)  # [len(layers), B, T, H]
-    samples = _split(prompts, states, tops, torch.stack(steps, 1), eos_ids, longest, layers)
-    for s in samples:
-        assert s.layers is not None
-        s.hidden = s.layers[settings.exit_layer]
-    return samples
+    return _split(prompts, states, tops, torch.stack(steps, 1), eos_ids, longest, layers, settings.exit_layer)
 
 
 def _check_layers(adapter: Any, layers: tuple[int, ...]) -> None:
@@ -251,6 +247,7 @@ def _split(
     eos_ids: list[int],
     longest: int,
     layers: tuple[int, ...],
+    exit_layer: int,
 ) -> list[Sample]:
     """Cut the batch into samples: each row up to its first EOS, without the left padding."""
     values = torch.stack([t.values for t in tops], 1)  # [B, R, K]
@@ -269,7 +266,7 @@ def _split(
             Sample(
                 tokens=torch.tensor(prompt + response, dtype=torch.long),
                 prompt_length=plen,
-                hidden=kept[layers[0]],
+                hidden=kept[exit_layer],
                 topk_logprobs=values[b, :r].half().cpu(),
                 topk_ids=indices[b, :r].int().cpu(),
                 layers=kept,
