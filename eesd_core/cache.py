@@ -66,6 +66,14 @@ class KVCache:
         for layer in range(start, self.num_layers if end is None else end):
             self.lengths[layer] = min(self.lengths[layer], length)
 
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        """Keep only batch rows ``rows`` (indices) of every layer: drop sequences that are done."""
+        for layer in range(self.num_layers):
+            keys, values = self.keys[layer], self.values[layer]
+            if keys is not None and values is not None:
+                self.keys[layer] = keys.index_select(0, rows.to(keys.device))
+                self.values[layer] = values.index_select(0, rows.to(values.device))
+
     def reset(self) -> None:
         self.lengths = [0] * self.num_layers
 

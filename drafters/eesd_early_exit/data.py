@@ -1,12 +1,13 @@
 """Distillation data: the frozen target answers prompts, and we keep what the exit head learns from.
 
-Generation is batched (left padding, one shared cache, positions per row). At every position it keeps
-the layer-N hidden state h_N, the exit head's input, and at every position that predicts a response
-token the teacher's top-k log-probabilities of the final layer. It can keep the states after other
-layers too (``extra_layers``): one generation then serves a sweep over N, and the states after the
-last layer (before the final norm) feed a head with the top-state input. Both come out of the forward passes
-that generate the text, so the data costs no more than generating it. Prompt positions keep h_N too:
-they are the context the exit layer attends to, as its KV cache does at decode time.
+Generation is batched (left padding, one shared cache, positions per row; rows that are done leave
+the batch). At every position it keeps the layer-N hidden state h_N, the exit head's input, and at
+every position that predicts a response token the teacher's top-k log-probabilities of the final
+layer. It can keep the states after other layers too (``extra_layers``): one generation then serves
+a sweep over N, and the states after the last layer (before the final norm) feed a head with the
+top-state input. Both come out of the forward passes that generate the text, so the data costs no
+more than generating it. Prompt positions keep h_N too: they are the context the exit layer attends
+to, as its KV cache does at decode time.
 
 Each batch of prompts becomes one safetensors shard, written atomically; a shard that exists with
 the same settings is skipped, so an interrupted run resumes where it stopped.
@@ -149,10 +150,14 @@ def capture_batch(
     generator: torch.Generator,
 ) -> list[Sample]:
     """Generate responses to ``prompts`` together, keeping the states after ``settings.layers`` and
-    the teacher's top-k per position. ``Sample.hidden`` is h_N; ``Sample.layers`` holds them all."""
+    the teacher's top-k per position. ``Sample.hidden`` is h_N; ``Sample.layers`` holds them all.
+
+    Rows that reached an EOS leave the batch (with their cache rows) once they are an eighth of it,
+    so a batch costs what its live rows cost, not what its longest response costs.
+    """
     device = adapter.device
     batch, longest = len(prompts), max(len(p) for p in prompts)
-    total = longest + settings.max_new_tokens
+    total, steps_max = longest + settings.max_new_tokens, settings.max_new_tokens
     ids = torch.zeros(batch, longest, dtype=torch.long, device=device)
     valid = torch.zeros(batch, total, dtype=torch.bool, device=device)
     for b, prompt in enumerate(prompts):
@@ -162,22 +167,39 @@ def capture_batch(
     cache = adapter.new_cache(capacity=total)
     layers = settings.layers
     _check_layers(adapter, layers)
-    h, logits = _forward(adapter, ids, positions, valid[:, :longest], cache, layers)
-    hiddens, tops, steps = [h], [], []
-    for t in range(settings.max_new_tokens):
-        logprobs = torch.log_softmax(logits.float(), dim=-1)  # [B, V]
-        tops.append(logprobs.topk(settings.top_k, dim=-1))
-        token = _choose(logits, settings.temperature, generator)  # [B]
-        steps.append(token)
-        finished = _finished(torch.stack(steps, 1), eos_ids)
-        if bool(finished.all()) or t == settings.max_new_tokens - 1:
+    prefill, logits = _forward(adapter, ids, positions, valid[:, :longest], cache, layers)
+    hidden_size, positions = prefill.shape[-1], positions[:, -1:]
+    states = prefill.new_zeros(len(layers), batch, max(steps_max - 1, 0), hidden_size)
+    values = torch.zeros(batch, steps_max, settings.top_k, device=device)
+    indices = torch.zeros(batch, steps_max, settings.top_k, dtype=torch.long, device=device)
+    steps = torch.zeros(batch, steps_max, dtype=torch.long, device=device)
+    eos = torch.tensor(eos_ids, dtype=torch.long, device=device)
+    done = torch.zeros(batch, dtype=torch.bool, device=device)
+    rows = torch.arange(batch, device=device)  # the batch row of each live row
+    taken = 0
+    for t in range(steps_max):
+        top = torch.log_softmax(logits.float(), dim=-1).topk(settings.top_k, dim=-1)
+        values[rows, t], indices[rows, t] = top.values, top.indices
+        token = _choose(logits, settings.temperature, generator)  # [live]
+        steps[rows, t] = token
+        taken = t + 1
+        done[rows] |= torch.isin(token, eos)
+        if bool(done.all()) or t == steps_max - 1:
             break
+        live = ~done[rows]
+        if int((~live).sum()) * 8 >= len(rows):
+            keep = live.nonzero()[:, 0]
+            rows, token, positions, valid = rows[keep], token[keep], positions[keep], valid[keep]
+            cache.keep_rows(keep)
         valid[:, longest + t] = True
-        position = positions[:, -1:] + 1 + t
-        h, logits = _forward(adapter, token.view(-1, 1), position, valid[:, : longest + t + 1], cache, layers)
-        hiddens.append(h)
-    states = torch.cat(hiddens, 2)  # [len(layers), B, T, H]
-    return _split(prompts, states, tops, torch.stack(steps, 1), eos_ids, longest, layers, settings.exit_layer)
+        h, logits = _forward(
+            adapter, token.view(-1, 1), positions + 1 + t, valid[:, : longest + t + 1], cache, layers
+        )
+        states[:, rows, t] = h[:, :, 0]
+    states = torch.cat([prefill, states[:, :, : taken - 1]], 2)  # [len(layers), B, T, H]
+    return _split(
+        prompts, states, values, indices, steps[:, :taken], eos_ids, longest, layers, settings.exit_layer
+    )
 
 
 def _check_layers(adapter: Any, layers: tuple[int, ...]) -> None:
@@ -227,22 +249,19 @@ def _padded_mask(valid: torch.Tensor, m: int, window: int | None, dtype: torch.d
 
 
 def _choose(logits: torch.Tensor, temperature: float, generator: torch.Generator) -> torch.Tensor:
+    """Greedy, or one draw per row by inverting the CDF with one uniform (cheaper than multinomial)."""
     if temperature <= 0:
         return logits.argmax(-1)
-    probs = torch.softmax(logits.float() / temperature, dim=-1).cpu()
-    return torch.multinomial(probs, 1, generator=generator)[:, 0].to(logits.device)
-
-
-def _finished(steps: torch.Tensor, eos_ids: list[int]) -> torch.Tensor:
-    if not eos_ids:
-        return torch.zeros(steps.shape[0], dtype=torch.bool)
-    return torch.isin(steps, torch.tensor(eos_ids, device=steps.device)).any(1)
+    cdf = torch.softmax(logits.float() / temperature, dim=-1).cpu().cumsum(-1)
+    u = torch.rand(cdf.shape[0], 1, generator=generator, dtype=cdf.dtype) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u, right=True).clamp_max(cdf.shape[1] - 1)[:, 0].to(logits.device)
 
 
 def _split(
     prompts: list[list[int]],
     states: torch.Tensor,
-    tops: list[Any],
+    values: torch.Tensor,
+    indices: torch.Tensor,
     steps: torch.Tensor,
     eos_ids: list[int],
     longest: int,
@@ -250,8 +269,6 @@ def _split(
     exit_layer: int,
 ) -> list[Sample]:
     """Cut the batch into samples: each row up to its first EOS, without the left padding."""
-    values = torch.stack([t.values for t in tops], 1)  # [B, R, K]
-    indices = torch.stack([t.indices for t in tops], 1)
     by_layer = {n: _compact(states[i]) for i, n in enumerate(layers)}
     samples = []
     for b, prompt in enumerate(prompts):

@@ -131,3 +131,18 @@ def test_exit_cache_matches_a_fresh_pass(with_test_plugins: None) -> None:
         rtol=1e-10,
         atol=1e-10,
     )
+
+
+def test_keep_rows_drops_batch_rows_in_every_layer() -> None:
+    from eesd_core.cache import KVCache
+
+    cache = KVCache(2, capacity=4)
+    keys = torch.arange(5 * 2 * 3 * 1, dtype=torch.float32).view(5, 2, 3, 1)
+    for layer in range(2):
+        cache.update(keys + layer, -keys - layer, layer)
+    cache.keep_rows(torch.tensor([0, 3]))
+    for layer in range(2):
+        k, v = cache.update(torch.zeros(2, 2, 1, 1), torch.zeros(2, 2, 1, 1), layer)
+        assert k.shape == (2, 2, 4, 1) and cache.get_seq_length(layer) == 4
+        torch.testing.assert_close(k[:, :, :3], keys[[0, 3]] + layer)
+        torch.testing.assert_close(v[:, :, :3], -keys[[0, 3]] - layer)
