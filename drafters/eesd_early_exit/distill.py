@@ -38,7 +38,7 @@ class DistillConfig:
     work_dir: str | Path | None = None
     max_new_tokens: int = 128
     top_k: int = 64
-    temperature: float = 0.0
+    temperatures: tuple[float, ...] = (0.0,)
     generate_batch: int = 16
     init_layer: int | None = None
     head_layers: int = 1
@@ -55,17 +55,24 @@ class DistillConfig:
     def work(self) -> Path:
         return Path(self.work_dir) if self.work_dir else Path(f"{self.out}.work")
 
-    def capture(self, num_layers: int) -> CaptureSettings:
+    def capture(self, num_layers: int, temperature: float | None = None) -> CaptureSettings:
+        """What one generation pass keeps; ``temperature`` defaults to the first of ``temperatures``."""
         extra = set(self.capture_layers) | ({num_layers} if self.top_input else set())
         return CaptureSettings(
             self.exit_layer,
             self.max_new_tokens,
             self.top_k,
-            self.temperature,
+            self.temperatures[0] if temperature is None else temperature,
             self.generate_batch,
             self.train.seed,
             tuple(sorted(extra - {self.exit_layer})),
         )
+
+    def train_dirs(self) -> list[tuple[float, Path]]:
+        """One data directory per response temperature: ``train`` for the first, ``train-tT`` after."""
+        return [
+            (t, self.work / ("train" if i == 0 else f"train-t{t:g}")) for i, t in enumerate(self.temperatures)
+        ]
 
     def top_layer(self, num_layers: int) -> int | None:
         """The layer whose states feed a top-input head (the last), or None for the paper's head."""
@@ -95,7 +102,10 @@ def distill(
     target = fingerprint(model)
     started = time.perf_counter()
     capture, top = config.capture(adapter.num_layers), config.top_layer(adapter.num_layers)
-    shards = generate_shards(adapter, train_ids, config.work / "train", capture, eos, progress, target)
+    shards = []
+    for temperature, directory in config.train_dirs():
+        settings = config.capture(adapter.num_layers, temperature)
+        shards += generate_shards(adapter, train_ids, directory, settings, eos, progress, target)
     held_shards = generate_shards(adapter, held_ids, config.work / "heldout", capture, eos, progress, target)
     generate_seconds = time.perf_counter() - started
     samples = read_shards(shards, config.exit_layer, top)
@@ -110,6 +120,7 @@ def distill(
         "settings": _settings(config),
         "data": {
             "train_prompts": len(train_ids),
+            "responses_per_prompt": len(config.temperatures),
             "train_positions": sum(len(s.response) for s in samples),
             "context_positions": sum(len(s.hidden) for s in samples),
             "heldout_prompts": len(held_ids),
@@ -211,6 +222,12 @@ def _check(adapter: Any, config: DistillConfig) -> None:
     for name, value in positive.items():
         if value < 1:
             raise ConfigError(f"--{name} must be at least 1, got {value}.")
+    temperatures = config.temperatures
+    if not temperatures or min(temperatures) < 0 or len(set(temperatures)) != len(temperatures):
+        raise ConfigError(
+            f"--temperature takes distinct temperatures >= 0 (0: greedy), one response per prompt at each; "
+            f"got {','.join(f'{t:g}' for t in temperatures) or 'none'}."
+        )
     if not 1 <= config.top_k <= adapter.vocab_size:
         raise ConfigError(f"--teacher-top-k must be in [1, {adapter.vocab_size}], got {config.top_k}.")
     if config.vocab_size_subset < 0 or config.train.lr <= 0:
@@ -255,7 +272,12 @@ def add_distill_command(subparsers: Any) -> None:
         "--heldout", type=int, default=40, help="held-out prompts for the teacher-forced eval"
     )
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy responses")
+    parser.add_argument(
+        "--temperature",
+        default="0",
+        help="comma-separated response temperatures, one response per prompt at each (0: greedy; "
+        "the first also makes the held-out data), e.g. 0,0.8",
+    )
     parser.add_argument("--teacher-top-k", type=int, default=64, help="teacher log-probs kept per position")
     parser.add_argument("--generate-batch", type=int, default=16)
     parser.add_argument("--init-layer", type=int, default=None, help="target layer to copy (default: last)")
@@ -328,13 +350,13 @@ def _config_from(args: argparse.Namespace) -> DistillConfig:
         work_dir=args.work_dir,
         max_new_tokens=args.max_new_tokens,
         top_k=args.teacher_top_k,
-        temperature=args.temperature,
+        temperatures=_numbers(args.temperature, float, "--temperature"),
         generate_batch=args.generate_batch,
         init_layer=args.init_layer,
         head_layers=args.head_layers,
         vocab_size_subset=args.vocab_size_subset,
         top_input=args.top_input,
-        capture_layers=_layers(args.capture_layers),
+        capture_layers=_numbers(args.capture_layers, int, "--capture-layers"),
         train=train,
         eval_prompts=args.eval_prompts,
         eval_max_new_tokens=args.eval_max_new_tokens,
@@ -343,8 +365,8 @@ def _config_from(args: argparse.Namespace) -> DistillConfig:
     )
 
 
-def _layers(text: str) -> tuple[int, ...]:
+def _numbers(text: str, kind: type, option: str) -> tuple[Any, ...]:
     try:
-        return tuple(int(part) for part in text.split(",") if part.strip())
+        return tuple(kind(part) for part in text.split(",") if part.strip())
     except ValueError:
-        raise ConfigError(f"--capture-layers takes comma-separated integers, got {text!r}.") from None
+        raise ConfigError(f"{option} takes comma-separated {kind.__name__}s, got {text!r}.") from None

@@ -248,6 +248,27 @@ def test_distill_resumes_from_its_work_directory(model: torch.nn.Module, tmp_pat
     assert read_metadata(config.out)["vocab_subset"] == "0"
 
 
+def test_responses_at_several_temperatures(model: torch.nn.Module, tmp_path: Path, monkeypatch) -> None:
+    """``temperatures=(0, 1)``: a greedy and a sampled response per prompt, each pass in its own
+    directory, all of them trained on; the held-out data is the first pass's (greedy)."""
+    config = _config(tmp_path, epochs=1)
+    config.temperatures, config.eval_prompts = (0.0, 1.0), 0
+    seen = []
+    original = data_module.capture_batch
+    monkeypatch.setattr(
+        data_module, "capture_batch", lambda *a: seen.append(a[2].temperature) or original(*a)
+    )
+    prompts = _prompts(6)
+    report = distill(model, config, prompts, prompts[:2], progress=False)
+    assert seen == [0.0, 0.0, 1.0, 1.0, 0.0]  # two train batches per pass, then the held-out one
+    greedy = read_shards(sorted((config.work / "train").glob("shard-*")))
+    sampled = read_shards(sorted((config.work / "train-t1").glob("shard-*")))
+    assert [s.tokens[: s.prompt_length].tolist() for s in greedy + sampled] == prompts + prompts
+    assert [s.response.tolist() for s in greedy] != [s.response.tolist() for s in sampled]
+    assert report["data"]["responses_per_prompt"] == 2
+    assert report["data"]["train_positions"] == sum(len(s.response) for s in greedy + sampled)
+
+
 def test_vocab_subset_head_file(model: torch.nn.Module, tmp_path: Path) -> None:
     config = _config(tmp_path, epochs=1)
     config.vocab_size_subset, config.eval_prompts = 30, 1
@@ -265,6 +286,9 @@ def test_vocab_subset_head_file(model: torch.nn.Module, tmp_path: Path) -> None:
         {"top_k": 500},
         {"train": TrainSettings(epochs=0)},
         {"vocab_size_subset": -1},
+        {"temperatures": ()},
+        {"temperatures": (0.0, -1.0)},
+        {"temperatures": (0.0, 0.8, 0.8)},
     ],
 )
 def test_bad_settings_fail_before_any_work(model: torch.nn.Module, tmp_path: Path, change: dict) -> None:

@@ -308,11 +308,12 @@ def test_top_weight_needs_a_top_input_head(model64) -> None:
 
 
 def test_bad_capture_layers_are_refused() -> None:
-    from eesd_early_exit.distill import _check, _layers
+    from eesd_early_exit.distill import _check, _numbers
 
-    with pytest.raises(ConfigError, match="comma-separated"):
-        _layers("3,six")
-    assert _layers("3, 6,") == (3, 6)
+    with pytest.raises(ConfigError, match="comma-separated ints"):
+        _numbers("3,six", int, "--capture-layers")
+    assert _numbers("3, 6,", int, "--capture-layers") == (3, 6)
+    assert _numbers("0,0.8", float, "--temperature") == (0.0, 0.8)
     adapter = find_adapter(make_tiny("llama", 0, vocab=61, layers=4, dtype=torch.float32))
     with pytest.raises(ConfigError, match="out of range"):
         _check(adapter, DistillConfig(exit_layer=2, capture_layers=(5,)))
