@@ -129,6 +129,22 @@ def test_sampled_capture_is_seeded(model: torch.nn.Module) -> None:
     assert runs[0].response.tolist() == runs[1].response.tolist() != runs[2].response.tolist()
 
 
+def test_sampling_draws_from_the_tempered_distribution() -> None:
+    """Pearson's chi-square over the 5 likely outcomes of 60,000 draws; the bound 33.4 is the 1e-6
+    upper quantile of chi-square with 4 degrees of freedom, so a correct sampler fails once in a
+    million runs."""
+    from eesd_early_exit.data import _choose
+
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, 0.5, -30.0]]).repeat(3000, 1)
+    generator = torch.Generator().manual_seed(0)
+    draws = torch.cat([_choose(logits, 0.7, generator) for _ in range(20)])
+    counts = torch.bincount(draws, minlength=6).double()
+    expected = torch.softmax(logits[0].double() / 0.7, -1) * len(draws)
+    assert counts[5] == 0  # a token of probability 1e-19 is never drawn
+    chi2 = float(((counts[:5] - expected[:5]) ** 2 / expected[:5]).sum())
+    assert chi2 < 33.4, (counts.tolist(), expected.tolist())
+
+
 def test_shards_resume_and_refuse_other_settings(model: torch.nn.Module, tmp_path: Path, monkeypatch) -> None:
     adapter, prompts = find_adapter(model), _prompts(10)
     settings = CaptureSettings(EXIT, 8, top_k=4, batch_size=4)
