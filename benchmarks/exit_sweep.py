@@ -53,6 +53,17 @@ def head_facts(path: Path) -> dict[str, Any]:
     }
 
 
+def check_evaluated(heads: list[Path]) -> None:
+    """Refuse, before minutes of measuring, a head file that holds no held-out evaluation."""
+    facts = {h: head_facts(h) for h in heads}
+    missing = [str(h) for h, f in facts.items() if f["top1"] is None or not f["acceptance"]]
+    if missing:
+        raise SystemExit(
+            f"No held-out evaluation stored in {', '.join(missing)}: this script reads it from the file, "
+            "as `eesd distill` writes it. Re-run the distillation, or pass heads it made."
+        )
+
+
 def speedup(acceptance: list[float], costs: Any, k: int) -> float:
     """Modelled speedup of k drafts every round over plain decoding, from measured acceptance."""
     plain = costs.propose_base + costs.verify[0]
@@ -78,6 +89,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/out/exit-heads.md"))
     args = parser.parse_args()
+    check_evaluated(args.heads)
     torch.set_num_threads(args.threads)
     path = resolve_model(args.model)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
