@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 from transformers import (
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
@@ -22,7 +24,21 @@ FAMILIES = {
     "qwen2": (Qwen2Config, Qwen2ForCausalLM),
     "qwen3": (Qwen3Config, Qwen3ForCausalLM),
     "mistral": (MistralConfig, MistralForCausalLM),
+    "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM),
 }
+
+# Gemma 3 with both layer kinds, windows short enough to cut into a test's prompt, and distinct
+# rotary bases per kind (10,000 local, 1,000,000 global, as in the real models). Untied and with
+# larger weights than the default: a tiny tied Gemma mostly repeats its last token.
+GEMMA3 = dict(
+    head_dim=8,
+    query_pre_attn_scalar=8,
+    sliding_window=4,
+    layer_types=None,
+    sliding_window_pattern=2,
+    initializer_range=0.2,
+    tie_word_embeddings=False,
+)
 
 
 def make_tiny(
@@ -50,5 +66,7 @@ def make_tiny(
     )
     if family == "qwen3":
         settings["head_dim"] = 8
+    if family == "gemma3":
+        settings.update(GEMMA3)
     settings.update(overrides)
     return model_cls(config_cls(**settings)).to(dtype).eval()

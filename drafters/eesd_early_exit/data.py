@@ -211,7 +211,7 @@ def _check_layers(adapter: Any, layers: tuple[int, ...]) -> None:
 
 
 def _forward(
-    adapter: Any,
+    adapter: ModelAdapter,
     ids: torch.Tensor,
     positions: torch.Tensor,
     valid: torch.Tensor,
@@ -220,32 +220,14 @@ def _forward(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """All layers over ``ids`` ``[B, m]``: the states after ``layers`` ``[len(layers), B, m, H]``
     and the last column's logits."""
-    batch, m = ids.shape
-    x = adapter.embed(ids.reshape(-1)).view(batch, m, -1)
-    rotary = adapter.backbone.rotary_emb(x, positions)
-    masks: dict[int | None, torch.Tensor] = {}
-    kept = []
-    for index, layer in enumerate(adapter.layers):
-        window = adapter.windows[index]
-        if window not in masks:
-            masks[window] = _padded_mask(valid, m, window, x.dtype)
-        x = adapter.call_layer(layer, x, masks[window], rotary, cache)
-        if index + 1 in layers:
-            kept.append(x)
-    return torch.stack(kept), adapter.model.lm_head(adapter.norm(x[:, -1]))
-
-
-def _padded_mask(valid: torch.Tensor, m: int, window: int | None, dtype: torch.dtype) -> torch.Tensor:
-    """Additive mask ``[B, 1, m, total]``: causal, no padding keys, windowed for sliding layers."""
-    total = valid.shape[1]
-    rows = torch.arange(total - m, total, device=valid.device).view(-1, 1)
-    cols = torch.arange(total, device=valid.device).view(1, -1)
-    allowed = (cols <= rows) & valid[:, None, :]
-    if window is not None:
-        allowed &= cols > rows - window
-    allowed |= cols == rows
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=valid.device)
-    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
+    x = adapter.embed(ids)  # [B, m, H]
+    rotary = adapter.rotary(x, positions)
+    kept, done = [], 0
+    for end in (*layers, adapter.num_layers):
+        x = adapter.run_batch(x, done, end, cache, positions, valid, rotary)
+        kept.append(x)
+        done = end
+    return torch.stack(kept[: len(layers)]), adapter.lm_logits(adapter.norm(x[:, -1]))
 
 
 def _choose(logits: torch.Tensor, temperature: float, generator: torch.Generator) -> torch.Tensor:

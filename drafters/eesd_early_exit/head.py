@@ -17,7 +17,6 @@ is checked before any tensor is read (:mod:`eesd_early_exit.headfile`).
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
@@ -68,9 +67,8 @@ class ExitHead(nn.Module):
         self.num_layers = num_layers
         self.top_input = top_input
         source = adapter.num_layers - 1 if init_layer is None else init_layer
-        backbone = adapter.model.model
-        self.layers = nn.ModuleList(_copy_layer(backbone.layers[source], i) for i in range(num_layers))
-        self.norm = copy.deepcopy(backbone.norm)
+        self.layers = nn.ModuleList(adapter.copy_layer(source, i) for i in range(num_layers))
+        self.norm = adapter.copy_norm()
         self.fuse = None
         if top_input:
             # starts as the paper's head: h_N passes through, the top state is weighted zero
@@ -79,9 +77,9 @@ class ExitHead(nn.Module):
             with torch.no_grad():
                 self.fuse.weight.zero_()
                 self.fuse.weight[:, :size].copy_(torch.eye(size))
-            self.fuse.to(self.norm.weight.dtype)
+            self.fuse.to(adapter.dtype)
         self.register_buffer("vocab_ids", vocab_ids, persistent=False)
-        weight = adapter.model.lm_head.weight
+        weight = adapter.lm_head_weight
         self.subset_head = None
         if vocab_ids is not None:
             self.subset_head = nn.Linear(weight.shape[1], len(vocab_ids), bias=False)
@@ -103,12 +101,7 @@ class ExitHead(nn.Module):
             if top is None:
                 raise ValueError("a top-input exit head needs the top states of the previous positions")
             h = self.fuse(torch.cat([h, top.to(h.dtype)], dim=-1))
-        if rotary is None:
-            rotary = self.adapter.rotary(h, position)
-        mask = self.adapter.mask(h.shape[1], position, None, h)
-        for layer in self.layers:
-            h = self.adapter.call_layer(layer, h, mask, rotary, cache)
-        return h
+        return self.adapter.run_copies(self.layers, h, cache, position, rotary)
 
     def top_state(self, h: torch.Tensor) -> torch.Tensor:
         """What the head reads of a last-layer state, or of its own output standing in for one:
@@ -120,7 +113,7 @@ class ExitHead(nn.Module):
         normed = self.norm(h)
         if self.subset_head is None:
             return self.adapter.logits(normed)
-        small = self.subset_head(normed)[0]  # [m, V_sub]
+        small = self.adapter.lm_logits(normed, self.subset_head.weight)[0]  # [m, V_sub]
         full = small.new_full((small.shape[0], self.adapter.vocab_size), float("-inf"))
         full[:, self.vocab_ids] = small
         return full
@@ -131,10 +124,3 @@ class ExitHead(nn.Module):
         return {
             k: v for k, v in self.state_dict().items() if not k.startswith(("adapter.", "subset_head."))
         }
-
-
-def _copy_layer(layer: nn.Module, index: int) -> nn.Module:
-    """A copy of a target decoder layer that writes to slot ``index`` of the exit cache."""
-    new = copy.deepcopy(layer)
-    new.self_attn.layer_idx = index
-    return new

@@ -73,9 +73,8 @@ def find_shipped_head(adapter: ModelAdapter) -> Path | None:
 
 
 def describe_target(adapter: ModelAdapter, with_fingerprint: bool = True) -> dict[str, str]:
-    config = adapter.model.config
     described = {
-        "architecture": str(config.model_type),
+        "architecture": adapter.model_type,
         "hidden_size": str(adapter.hidden_size),
         "vocab_size": str(adapter.vocab_size),
         "num_target_layers": str(adapter.num_layers),
@@ -201,11 +200,11 @@ def load_head(path: str | Path, adapter: ModelAdapter) -> Any:
             adapter,
             int(metadata["exit_layer"]),
             int(metadata["num_exit_layers"]),
-            init_layer=None,
+            init_layer=_source_layer(metadata, adapter),
             vocab_ids=vocab_ids,
             top_input=metadata.get("exit_input", "hidden") == "hidden+top",
         )
-        dtype = adapter.model.lm_head.weight.dtype
+        dtype = adapter.dtype
         tensors.pop("subset_head.weight", None)  # frozen LM-head rows: rebuilt from the target
         missing, unexpected = head.load_state_dict({k: v.to(dtype) for k, v in tensors.items()}, strict=False)
         missing = [k for k in missing if not k.startswith("subset_head.")]
@@ -218,3 +217,10 @@ def load_head(path: str | Path, adapter: ModelAdapter) -> Any:
             f"Exit head {str(path)!r} does not match its metadata: {exc}. Re-distil it."
         ) from None
     return head.to(adapter.device).eval()
+
+
+def _source_layer(metadata: dict[str, str], adapter: ModelAdapter) -> int | None:
+    """The target layer the head's layers were copied from: they keep its kind (a sliding window,
+    a rotary embedding), so a loaded head runs as it was trained."""
+    index = int(metadata.get("init_layer", "-1"))
+    return index if 0 <= index < adapter.num_layers else None

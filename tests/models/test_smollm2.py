@@ -16,10 +16,10 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def smollm2():
+    from eesd_models.fetch import fetch_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from eesd_core.errors import ModelFetchError
-    from eesd_core.models.fetch import fetch_model
 
     try:
         path = fetch_model(progress=False)
@@ -77,6 +77,6 @@ def test_demo_streams_and_compares_with_plain_decoding(smollm2, capsys: pytest.C
     out = capsys.readouterr().out
     assert code == 0, out
     assert "greedy texts identical: yes" in out
-    assert "exit head" in out and "smollm2-135m-instruct-n6-top.safetensors at layer 6" in out
+    assert "target layers [0, 6) + exit head smollm2-135m-instruct-n6-top.safetensors" in out
     assert "reading the target's top state" in out
     assert "plain decoding" in out and "tokens/s" in out

@@ -1,0 +1,240 @@
+"""A faster product for the linear layers of short passes (decoding steps, verification) on CPUs.
+
+Decoding runs the target over m positions at a time: m = 1 for a plain step or a draft step,
+m = k + 1 for a verification pass. Several CPU BLAS back-ends serve ``F.linear`` with so few rows
+through a per-row path: on a 2-core x86 CPU with torch 2.13, the 49152 x 576 LM head of SmolLM2 took
+7 ms for one row, 14 ms for two and 22 ms for three, and a whole pass of the model over two
+positions cost 1.6 times a pass over one. The same product written as ``(W @ x.T).T`` takes a
+GEMM path that reads the weights once: 2.3 ms for two rows of that LM head, and as little for one
+row padded with a row of zeros.
+
+Which path is faster depends on the back-end, the CPU, the thread count and m, so it is measured:
+:func:`calibrate` times whole passes of the model both ways for every m and keeps the transposed
+product only where it wins clearly, twice. Both compute the same sums in another order, so results
+differ from ``F.linear``'s in the last bits only, as any change of kernel does; the verifier
+compares the drafter's q with whatever p the target computes, so decoding stays lossless, and
+greedy output is checked against transformers' token for token.
+
+An adapter applies its :class:`MatmulPlan` itself, pass by pass: a pass over a planned number of
+rows runs inside a :class:`LinearRouter` of the modules it uses, which sends each ``nn.Linear``
+through :func:`transposed_linear`; any other pass runs exactly as it would without a plan.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import weakref
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+
+MODES = ("auto", "standard", "transposed")
+# The transposed product must beat F.linear by this much, in two measurements and without
+# overlapping timings, to be used: on a 2-core machine shared with other work a pass varies by 10%
+# from one run to the next, and F.linear is the product transformers itself uses.
+MARGIN = 0.85
+
+
+def transposed_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` computed as ``(weight @ x.T).T`` (weights read once).
+
+    A single row is padded with a row of zeros, which keeps it on the GEMM path.
+    """
+    rows = x.reshape(-1, x.shape[-1])
+    if rows.shape[0] == 1:
+        padded = rows.new_zeros(2, rows.shape[1])
+        padded[0] = rows[0]
+        out = (weight @ padded.t()).t()[:1]
+    else:
+        out = (weight @ rows.t()).t()
+    if bias is not None:
+        out = out + bias
+    return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def _transposed_forward(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    return transposed_linear(x, module.weight, module.bias)
+
+
+class LinearRouter:
+    """While entered, every plain ``nn.Linear`` under ``roots`` multiplies with
+    :func:`transposed_linear`.
+
+    It shadows each module's ``forward`` on the instance for the duration, so nothing but those
+    calls changes: no other operation is intercepted (a ``TorchFunctionMode`` would see every torch
+    call of the pass). Subclasses of ``nn.Linear`` (quantized layers) and modules whose ``forward``
+    is already replaced on the instance (offloading hooks) keep their own. The model is shared
+    state: another thread running the same modules meanwhile gets the same product.
+    """
+
+    def __init__(self, roots: Iterable[nn.Module]) -> None:
+        self._linears = [
+            (module, partial(_transposed_forward, module))
+            for root in roots
+            for module in root.modules()
+            if type(module) is nn.Linear
+        ]
+        self._entered: list[nn.Module] = []
+
+    def __enter__(self) -> LinearRouter:
+        for module, forward in self._linears:
+            slots = vars(module)
+            if "forward" not in slots:
+                slots["forward"] = forward
+                self._entered.append(module)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for module in self._entered:
+            vars(module).pop("forward", None)
+        self._entered.clear()
+
+
+@dataclass(frozen=True)
+class MatmulPlan:
+    """Which row counts m use the transposed product, and the timings that chose them.
+
+    ``timings[m]`` is (standard, transposed) median seconds of a whole pass over m positions; for a
+    row count that won the first measurement, those of the second, which decided.
+    """
+
+    rows: frozenset[int] = frozenset()
+    timings: dict[int, tuple[float, float]] = field(default_factory=dict)
+
+    def __contains__(self, m: int) -> bool:
+        return m in self.rows
+
+    def restricted(self, max_rows: int) -> MatmulPlan:
+        """The same choices for m <= ``max_rows`` only."""
+        return MatmulPlan(
+            frozenset(m for m in self.rows if m <= max_rows),
+            {m: t for m, t in self.timings.items() if m <= max_rows},
+        )
+
+    def describe(self) -> str:
+        if not self.rows:
+            return "standard F.linear for every pass"
+        return "transposed product for passes over m = " + ", ".join(str(m) for m in sorted(self.rows))
+
+
+def fixed_plan(rows: Iterable[int]) -> MatmulPlan:
+    """A plan without measuring: the transposed product for exactly these row counts."""
+    return MatmulPlan(frozenset(int(m) for m in rows if m >= 1))
+
+
+Samples = dict[int, tuple[list[float], list[float]]]
+
+
+def _measure(
+    run: Callable[[int, bool], None], counts: list[int], repeats: int, clock: Callable[[], float]
+) -> Samples:
+    """Times of ``run(m, transposed)``, (standard, transposed), ``repeats`` each, for each m.
+
+    Repeats sweep all row counts, up and down in turn, and swap which product goes first, so a
+    drift of the machine's speed falls on both products and on every m alike.
+    """
+    for m in counts:
+        run(m, False)
+        run(m, True)
+    times: Samples = {m: ([], []) for m in counts}
+    for r in range(repeats):
+        for m in counts if r % 2 == 0 else reversed(counts):
+            for transposed in (False, True) if r % 2 == 0 else (True, False):
+                start = clock()
+                run(m, transposed)
+                times[m][transposed].append(clock() - start)
+    return times
+
+
+def _wins(standard: list[float], transposed: list[float]) -> bool:
+    """Clearly faster: a median below ``MARGIN`` of F.linear's, and the slower quarter of the
+    transposed passes faster than the faster quarter of the standard ones. Noise that makes the
+    two overlap (other work on the machine) decides for F.linear."""
+    quick = statistics.quantiles(standard, n=4, method="inclusive")[0]
+    slow = statistics.quantiles(transposed, n=4, method="inclusive")[2]
+    return statistics.median(transposed) < MARGIN * statistics.median(standard) and slow < quick
+
+
+def _medians(samples: Samples) -> dict[int, tuple[float, float]]:
+    return {m: (statistics.median(s), statistics.median(t)) for m, (s, t) in samples.items()}
+
+
+def calibrate(
+    adapter: Any,
+    max_rows: int,
+    *,
+    context: int = 64,
+    repeats: int = 5,
+    clock: Callable[[], float] = time.perf_counter,
+    only: Iterable[int] | None = None,
+) -> MatmulPlan:
+    """Time whole passes of the adapter's model over m = 1 .. ``max_rows`` positions both ways
+    (or over the row counts in ``only``).
+
+    Each pass runs every layer, the final norm and the LM head after ``context`` cached positions,
+    on a scratch cache; the model's weights are only read. A row count where the transposed
+    product wins clearly (:func:`_wins`) is measured again, and is planned only if it wins again.
+    About ``2 * (repeats + 1)`` passes per m, plus ``2 * repeats`` per winner: several seconds for a
+    135M-parameter model on a 2-core CPU. The adapter's own plan is restored afterwards.
+    """
+    if repeats < 2:
+        raise ValueError("calibration needs at least two repeats to see how much passes vary")
+    device, saved = adapter.device, adapter.products
+    cache = adapter.new_cache(capacity=context + max_rows)
+    counts = sorted(set(only)) if only is not None else range(1, max_rows + 1)
+    zeros = [torch.zeros(m, dtype=torch.long, device=device) for m in counts]
+    inputs = {len(ids): adapter.embed(ids) for ids in zeros}
+
+    def run(m: int, transposed: bool) -> None:
+        adapter.products = fixed_plan([m]) if transposed else MatmulPlan()
+        adapter.logits(adapter.norm(adapter.run_layers(inputs[m], 0, adapter.num_layers, cache, context)))
+        cache.crop(context)
+
+    try:
+        with torch.inference_mode():
+            prefix = adapter.embed(torch.zeros(context, dtype=torch.long, device=device))
+            adapter.run_layers(prefix, 0, adapter.num_layers, cache, 0)
+            first = _measure(run, list(inputs), repeats, clock)
+            again = _measure(run, [m for m, (s, t) in first.items() if _wins(s, t)], repeats, clock)
+    finally:
+        adapter.products = saved
+    rows = frozenset(m for m, (s, t) in again.items() if _wins(s, t))
+    return MatmulPlan(rows, _medians(first) | _medians(again))
+
+
+_DECISIONS: weakref.WeakKeyDictionary[Any, dict[int, dict[int, tuple[bool, Any]]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def plan_for(adapter: Any, mode: str, max_rows: int) -> MatmulPlan:
+    """The plan for ``mode``: ``"standard"``, ``"transposed"`` (every m <= ``max_rows``) or ``"auto"``.
+
+    ``"auto"`` calibrates on CPUs and keeps the standard path elsewhere: GPU GEMMs serve a few rows
+    well, and float64 models are reference computations (the test oracles) whose numbers should
+    not depend on a timing. Each row count is decided once per model and thread count in a
+    process, so a plain decoder and a drafting one on the same model run their one-position
+    passes the same way, and a later, longer plan only measures the row counts it adds.
+    """
+    if mode == "standard":
+        return MatmulPlan()
+    if mode == "transposed":
+        return fixed_plan(range(1, max_rows + 1))
+    if adapter.device.type != "cpu" or adapter.dtype == torch.float64:
+        return MatmulPlan()
+    known = _DECISIONS.setdefault(adapter.model, {}).setdefault(torch.get_num_threads(), {})
+    missing = [m for m in range(1, max_rows + 1) if m not in known]
+    if missing:
+        measured = calibrate(adapter, max(missing), only=missing)
+        for m in missing:
+            known[m] = (m in measured.rows, measured.timings.get(m))
+    rows = range(1, max_rows + 1)
+    timings = {m: known[m][1] for m in rows if known[m][1] is not None}
+    return MatmulPlan(frozenset(m for m in rows if known[m][0]), timings)

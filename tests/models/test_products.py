@@ -1,0 +1,215 @@
+"""The transposed product of short passes: same numbers as F.linear, used only where planned."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from tinymodels import make_tiny
+
+from eesd_core import SpeculativeDecoder
+from eesd_core.errors import ConfigError
+from eesd_core.models import find_adapter, products
+from eesd_core.models.products import (
+    LinearRouter,
+    MatmulPlan,
+    calibrate,
+    fixed_plan,
+    plan_for,
+    transposed_linear,
+)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 9])
+@pytest.mark.parametrize("batched", [False, True])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_transposed_linear_equals_linear(rows: int, batched: bool, with_bias: bool) -> None:
+    gen = torch.Generator().manual_seed(rows)
+    weight = torch.randn(37, 11, generator=gen, dtype=torch.float64)
+    bias = torch.randn(37, generator=gen, dtype=torch.float64) if with_bias else None
+    shape = (1, rows, 11) if batched else (rows, 11)
+    x = torch.randn(*shape, generator=gen, dtype=torch.float64)
+    out = transposed_linear(x, weight, bias)
+    assert out.shape == F.linear(x, weight, bias).shape
+    torch.testing.assert_close(out, F.linear(x, weight, bias), rtol=1e-12, atol=1e-12)
+
+
+@pytest.fixture
+def spy(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The row count of every product that went through :func:`transposed_linear`."""
+    calls: list[int] = []
+    original = products.transposed_linear
+
+    def counting(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        calls.append(x.numel() // x.shape[-1])
+        return original(x, weight, bias)
+
+    monkeypatch.setattr(products, "transposed_linear", counting)
+    return calls
+
+
+def test_the_router_sends_plain_linears_only_and_restores_them(spy: list[int]) -> None:
+    class Quantized(torch.nn.Linear):
+        pass
+
+    hooked = torch.nn.Linear(8, 8)
+    hooked.forward = lambda x: x  # an offloading hook, say: kept as it is
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), Quantized(8, 8), hooked, torch.nn.Linear(8, 4))
+    x = torch.randn(3, 8)
+    expected = model(x)
+    with LinearRouter([model]):
+        torch.testing.assert_close(model(x), expected)
+    assert spy == [3, 3]
+    assert "forward" not in vars(model[0]) and vars(hooked)["forward"] is not None
+    model(x)
+    assert spy == [3, 3]
+
+
+def test_the_adapter_transposes_only_passes_of_planned_row_counts(spy: list[int]) -> None:
+    adapter = find_adapter(make_tiny("gemma3", 0))
+    adapter.products = fixed_plan([1, 3])
+    cache = adapter.new_cache()
+    per_pass = 7 * adapter.num_layers  # q, k, v, o, gate, up, down
+    for position, m in ((0, 2), (2, 1), (3, 3), (6, 4)):
+        spy.clear()
+        hidden = adapter.run_layers(adapter.embed(torch.arange(m)), 0, adapter.num_layers, cache, position)
+        adapter.logits(adapter.norm(hidden))
+        assert spy == ([m] * (per_pass + 1) if m in (1, 3) else []), m
+
+
+def test_a_pass_outside_the_plan_enters_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not even the router: such a pass costs exactly what it costs without a plan."""
+    entered: list[int] = []
+    monkeypatch.setattr(LinearRouter, "__enter__", lambda self: entered.append(1) or self)
+    adapter = find_adapter(make_tiny("llama", 0))
+    adapter.products = fixed_plan([2])
+    cache = adapter.new_cache()
+    adapter.logits(adapter.norm(adapter.run_layers(adapter.embed(torch.arange(3)), 0, 4, cache, 0)))
+    assert entered == []
+
+
+def test_plans_by_mode() -> None:
+    adapter = find_adapter(make_tiny("llama", 0))  # float64: a reference model
+    assert plan_for(adapter, "standard", 9).rows == frozenset()
+    assert plan_for(adapter, "transposed", 4).rows == frozenset({1, 2, 3, 4})
+    assert plan_for(adapter, "auto", 9).rows == frozenset(), "float64 models keep F.linear"
+
+
+def test_prepare_follows_the_options() -> None:
+    model = make_tiny("qwen2", 0)
+    adapter = find_adapter(model, {"matmul": "transposed"})
+    assert adapter.products.describe() == "standard F.linear for every pass"
+    adapter.prepare(3)
+    assert adapter.products.rows == frozenset({1, 2, 3})
+    assert "m = 1, 2, 3" in adapter.products.describe()
+    standard = find_adapter(model, {"matmul": "standard"})
+    standard.prepare(3)
+    assert standard.products.rows == frozenset()
+
+
+def test_auto_calibrates_once_per_model_and_threads() -> None:
+    adapter = find_adapter(make_tiny("llama", 0, dtype=torch.float32))
+    adapter.prepare(3)
+    plan = adapter.products
+    assert set(plan.timings) == {1, 2, 3}
+    assert plan.rows <= {1, 2, 3}
+    for m, (standard, transposed) in plan.timings.items():
+        assert standard > 0 and transposed > 0
+        assert m not in plan.rows or transposed < products.MARGIN * standard
+    other = find_adapter(adapter.model)  # another decoder of the same model
+    other.prepare(3)
+    assert other.products == plan
+    smaller = plan_for(adapter, "auto", 1)  # served from the same measurements
+    assert smaller.timings == {1: plan.timings[1]} and smaller.rows == plan.rows & {1}
+
+
+def test_a_longer_plan_measures_only_the_row_counts_it_adds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plain decoder (m = 1) and a drafting one (m = 1..4) on one model decide m = 1 once."""
+    adapter = find_adapter(make_tiny("llama", 1, dtype=torch.float32))
+    measured: list[list[int]] = []
+    real = products.calibrate
+
+    def spy(adapter, max_rows, **kwargs):  # noqa: ANN001, ANN202
+        measured.append(sorted(kwargs.get("only") or range(1, max_rows + 1)))
+        return real(adapter, max_rows, **kwargs)
+
+    monkeypatch.setattr(products, "calibrate", spy)
+    one = plan_for(adapter, "auto", 1)
+    four = plan_for(adapter, "auto", 4)
+    assert measured == [[1], [2, 3, 4]]
+    assert four.timings[1] == one.timings[1] and (1 in four.rows) == (1 in one.rows)
+
+
+class _Clock:
+    """A clock under which a pass costs ``cost(transposed, passes so far)`` and nothing else."""
+
+    def __init__(self, cost, spy: list[int]) -> None:  # noqa: ANN001
+        self.cost, self.spy, self.now, self.passes = cost, spy, 0.0, 0
+
+    def __call__(self) -> float:
+        self.now += self.cost(bool(self.spy), self.passes)
+        self.passes += 1
+        self.spy.clear()
+        return self.now
+
+
+def _calibrate(cost, spy: list[int]) -> MatmulPlan:  # noqa: ANN001
+    adapter = find_adapter(make_tiny("llama", 1, dtype=torch.float32))
+    saved = adapter.products = fixed_plan([7])
+    plan = calibrate(adapter, 4, context=5, repeats=3, clock=_Clock(cost, spy))
+    assert adapter.products is saved
+    return plan
+
+
+def test_calibration_keeps_the_faster_path(spy: list[int]) -> None:
+    plan = _calibrate(lambda transposed, n: 1.0 if transposed else 2.0, spy)
+    assert plan.rows == frozenset({1, 2, 3, 4})
+    assert all(t == (2.0, 1.0) for t in plan.timings.values())
+
+
+def test_calibration_keeps_f_linear_on_a_small_win(spy: list[int]) -> None:
+    plan = _calibrate(lambda transposed, n: 1.8 if transposed else 2.0, spy)
+    assert plan.rows == frozenset()
+
+
+def test_calibration_keeps_f_linear_when_passes_vary_too_much(spy: list[int]) -> None:
+    """The transposed passes win on medians, but one repeat in three is slow: too noisy to trust.
+    Each repeat of 4 row counts both ways reads the clock 16 times."""
+    plan = _calibrate(lambda transposed, n: (5.0 if n // 16 == 2 else 1.0) if transposed else 2.0, spy)
+    assert plan.rows == frozenset()
+    assert all(t == (2.0, 1.0) for t in plan.timings.values())
+
+
+def test_calibration_keeps_f_linear_when_a_win_does_not_repeat(spy: list[int]) -> None:
+    """The transposed passes win the first measurement only: its 3 repeats of 4 row counts both
+    ways read the clock twice a pass."""
+    first = 2 * (3 * 4 * 2)
+    plan = _calibrate(lambda transposed, n: 1.0 if transposed and n < first else 2.0, spy)
+    assert plan.rows == frozenset()
+    assert all(t == (2.0, 2.0) for t in plan.timings.values())
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral", "gemma3"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_transposed_decoding_matches_transformers(family: str, dtype: torch.dtype) -> None:
+    model = make_tiny(family, 3, dtype=dtype)
+    ids = torch.randint(3, 97, (1, 9), generator=torch.Generator().manual_seed(3))
+    expected = model.generate(ids, max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0)
+    for drafter, k in ((None, 0), ("early_exit", 1), ("early_exit", 3), ("early_exit", 8)):
+        dec = SpeculativeDecoder(
+            model,
+            drafter=drafter,
+            drafter_options={"exit_layer": 2} if drafter else None,
+            controller="fixed",
+            controller_options={"k": k} if drafter else None,
+            adapter_options={"matmul": "transposed"},
+        )
+        out = dec.generate(ids, max_new_tokens=24, eos_token_id=[])
+        assert 1 in dec.adapter.products.rows
+        assert torch.equal(out.sequences, expected), (family, dtype, drafter, k)
+
+
+@pytest.mark.parametrize("options", [{"matmul": "fastest"}, {"matmull": "auto"}])
+def test_bad_adapter_options_are_config_errors(options: dict) -> None:
+    with pytest.raises(ConfigError, match="matmul"):
+        SpeculativeDecoder(make_tiny("llama", 0), adapter_options=options)
