@@ -1,7 +1,7 @@
 """Controllers compared per Spec-Bench category on recorded traces (modelled time per token).
 
 For each category, the drafter's proposals are recorded once along the target's greedy output
-(``eesd_core.trace.record_trace``, K = 8 drafts at every position, costs measured on this machine),
+(``eesd_bench.trace.record_trace``, K = 8 drafts at every position, costs measured on this machine),
 then every controller is replayed against the trace, next to plain decoding, the best fixed k in
 hindsight and the per-round oracle. Usage::
 
@@ -17,13 +17,13 @@ import statistics
 from pathlib import Path
 
 import torch
+from eesd_bench.prompts import load_questions, select
+from eesd_bench.trace import compare_controllers, record_trace
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from eesd_core import SpeculativeDecoder
-from eesd_core.bench.prompts import load_questions, select
 from eesd_core.cli import encode_prompt
-from eesd_core.models.fetch import resolve_model
-from eesd_core.trace import compare_controllers, record_trace
+from eesd_core.registry import resolve_model
 
 CONTROLLERS = {
     "thompson (default)": ("thompson", {}),

@@ -3,7 +3,7 @@
 For each head file it reads the held-out evaluation stored in the file by ``eesd distill``
 (teacher-forced top-1, acceptance by draft position in real decoding at k = 8), then measures on
 this machine, in one process and interleaved across heads, the cost of a draft step and of
-verification passes (``eesd_core.trace.measure_costs``, the median of ``--repeats`` measurements).
+verification passes (``eesd_bench.trace.measure_costs``, the median of ``--repeats`` measurements).
 The modelled speedup of a head is the best over k of E_k * plain_step / round_time(k), with
 E_k = 1 + sum_{i<k} P(n > i) taken from its measured acceptance (not from an i.i.d. model). Usage::
 
@@ -20,14 +20,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from eesd_bench.trace import measure_costs
 from eesd_early_exit.headfile import read_metadata
 from eesd_early_exit.prompts import load_prompts
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from eesd_core import SpeculativeDecoder
 from eesd_core.cli import encode_prompt
-from eesd_core.models.fetch import resolve_model
-from eesd_core.trace import measure_costs
+from eesd_core.registry import resolve_model
 
 
 def head_facts(path: Path) -> dict[str, Any]:

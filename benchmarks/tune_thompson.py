@@ -21,12 +21,12 @@ import statistics
 from pathlib import Path
 
 import torch
+from eesd_bench.trace import Trace, best_fixed, build_controller, record_trace, replay
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from eesd_core import SpeculativeDecoder
 from eesd_core.cli import encode_prompt
-from eesd_core.models.fetch import resolve_model
-from eesd_core.trace import Trace, best_fixed, build_controller, record_trace, replay
+from eesd_core.registry import resolve_model
 
 HELDOUT = Path(__file__).resolve().parents[1] / "drafters" / "eesd_early_exit" / "prompts" / "heldout.json"
 DRAFTERS = {

@@ -3,23 +3,52 @@
 >>> from eesd_core import SpeculativeDecoder
 >>> dec = SpeculativeDecoder(model, drafter="early_exit", drafter_options={"exit_layer": 4})
 >>> res = dec.generate(input_ids, max_new_tokens=128)
+
+The names below load on first use, so that importing the package (as every plug-in and the
+``eesd`` command do) does not import torch or transformers.
 """
 
 from __future__ import annotations
 
-from eesd_core.engine import GenerationResult, SpeculativeDecoder
-from eesd_core.errors import EESDError
-from eesd_core.hookspecs import hookimpl
-from eesd_core.stats import GenerationStats, RoundStats
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from eesd_core.engine import GenerationResult, SpeculativeDecoder
+    from eesd_core.errors import EESDError
+    from eesd_core.hookspecs import hookimpl
+    from eesd_core.protocols import RoundOutcome
+    from eesd_core.stats import GenerationStats
 
 __version__ = "0.1.0"
+
+_WHERE = {
+    "EESDError": "eesd_core.errors",
+    "GenerationResult": "eesd_core.engine",
+    "GenerationStats": "eesd_core.stats",
+    "RoundOutcome": "eesd_core.protocols",
+    "SpeculativeDecoder": "eesd_core.engine",
+    "hookimpl": "eesd_core.hookspecs",
+}
 
 __all__ = [
     "EESDError",
     "GenerationResult",
     "GenerationStats",
-    "RoundStats",
+    "RoundOutcome",
     "SpeculativeDecoder",
     "hookimpl",
     "__version__",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'eesd_core' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_WHERE[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_WHERE})

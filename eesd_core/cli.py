@@ -1,15 +1,21 @@
-"""The ``eesd`` command: generate text, list plug-ins, fetch models; plug-ins add more commands."""
+"""The ``eesd`` command: generate text and list plug-ins; plug-ins add every other command.
+
+The parser is built from the core's two commands plus whatever the ``eesd_cli_commands`` hook adds
+(``eesd bench``, ``eesd demo``, ``eesd models``, ``eesd distill`` come from plug-ins), so building
+it must stay cheap: nothing here imports torch until a command runs.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-import time
 from collections.abc import Sequence
 from typing import Any
 
 from eesd_core.errors import EESDError
+
+DESCRIPTION = "Lossless early-exiting speculative decoding for Hugging Face causal LMs."
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -31,18 +37,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from eesd_core import __version__
 
-    parser = argparse.ArgumentParser(prog="eesd", description=__doc__)
+    parser = argparse.ArgumentParser(prog="eesd", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"eesd {__version__}")
     sub = parser.add_subparsers(metavar="COMMAND")
     _add_generate(sub)
     _add_plugins(sub)
-    _add_models(sub)
-    from eesd_core.demo import add_demo
-
-    add_demo(sub)
-    from eesd_core.bench.cli import add_bench
-
-    add_bench(sub)
     try:
         from eesd_core.registry import get_manager
 
@@ -57,7 +56,7 @@ def add_decoder_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
         default="smollm2-135m-instruct",
-        help="a local HF checkpoint directory, or a known model name to fetch",
+        help="a local HF checkpoint directory, or a model name a plug-in knows (`eesd models list`)",
     )
     parser.add_argument(
         "--drafter", default="early_exit", help="drafter plug-in, or 'none' for plain decoding"
@@ -71,8 +70,9 @@ def add_decoder_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def load_decoder(args: argparse.Namespace, **overrides: Any) -> Any:
+    """A decoder for the model and plug-ins ``args`` name (see :func:`add_decoder_arguments`)."""
     from eesd_core.engine import SpeculativeDecoder
-    from eesd_core.models.fetch import resolve_model
+    from eesd_core.registry import resolve_model
 
     path = resolve_model(args.model, cache_dir=args.cache_dir)
     options = dict(
@@ -117,18 +117,19 @@ def _generate(args: argparse.Namespace) -> int:
         raise EESDError(f"{args.model!r} has no tokenizer: `eesd generate` needs one to read text.")
     ids = encode_prompt(dec.tokenizer, text, chat=not args.no_chat)
     stream = TextStreamer(dec.tokenizer)
-    for chunk in dec.stream(
+    generation = dec.stream(
         ids,
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
         top_k=args.top_k,
         top_p=args.top_p,
         seed=args.seed,
-    ):
+    )
+    for chunk in generation:
         stream.push(chunk)
     stream.close()
     if args.stats:
-        print(json.dumps(dec.last_stats.to_dict(), indent=2), file=sys.stderr)
+        print(json.dumps(generation.stats.to_dict(), indent=2), file=sys.stderr)
     return 0
 
 
@@ -190,40 +191,6 @@ def _plugins(args: argparse.Namespace) -> int:
     for item in report:
         provided = "; ".join(f"{kind}: {', '.join(names)}" for kind, names in item["provides"].items())
         print(f"{item['name']:<16} {item['distribution'] or '?'} {item['version'] or ''}  {provided}")
-    return 0
-
-
-def _add_models(sub: Any) -> None:
-    parser = sub.add_parser("models", help="fetch and list models")
-    models = parser.add_subparsers(metavar="ACTION")
-    fetch = models.add_parser("fetch", help="download, verify and convert a known model once")
-    fetch.add_argument("name", nargs="?", default="smollm2-135m-instruct")
-    fetch.add_argument("--cache-dir", default=None)
-    fetch.add_argument("--force", action="store_true", help="redo even if a valid copy is cached")
-    fetch.set_defaults(func=_fetch)
-    listing = models.add_parser("list", help="known models and where they are cached")
-    listing.add_argument("--cache-dir", default=None)
-    listing.set_defaults(func=_list_models)
-
-
-def _fetch(args: argparse.Namespace) -> int:
-    from eesd_core.models.fetch import fetch_model
-
-    started = time.perf_counter()
-    path = fetch_model(args.name, cache_dir=args.cache_dir, force=args.force)
-    print(f"{path}  ({time.perf_counter() - started:.1f} s)")
-    return 0
-
-
-def _list_models(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from eesd_core.models.fetch import KNOWN_MODELS, default_cache_dir
-
-    root = Path(args.cache_dir) if args.cache_dir else default_cache_dir()
-    for name in KNOWN_MODELS:
-        place = root / "models" / name
-        print(f"{name:<28} {'cached at ' + str(place) if place.is_dir() else 'not fetched'}")
     return 0
 
 

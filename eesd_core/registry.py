@@ -13,13 +13,14 @@ import os
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pluggy
 from pydantic import BaseModel
 
 from eesd_core import hookspecs
-from eesd_core.errors import PluginError, PluginLoadError, UnknownPluginError
+from eesd_core.errors import InputError, PluginError, PluginLoadError, UnknownPluginError
 
 GROUP = "eesd"
 KINDS = {
@@ -197,3 +198,29 @@ def reset_manager(manager: Manager | None = None) -> None:
     """Forget the loaded plug-ins (or install ``manager``): the next use loads them anew."""
     global _manager
     _manager = manager
+
+
+def resolve_model(
+    name_or_path: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None = None
+) -> Path:
+    """A checkpoint directory for what a user typed: a local directory as is, else whatever a
+    plug-in makes of the name (hook ``eesd_resolve_model``; ``eesd_models`` fetches known models)."""
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise InputError(f"{str(path)!r} is a directory but holds no config.json: {_MODEL_WAYS}")
+        return path
+    cache = None if cache_dir is None else str(cache_dir)
+    found = get_manager().pm.hook.eesd_resolve_model(name=str(name_or_path), cache_dir=cache)
+    if found is None:
+        raise InputError(
+            f"{str(name_or_path)!r} is neither a checkpoint directory nor a model name any loaded "
+            f"plug-in knows: {_MODEL_WAYS}"
+        )
+    return Path(found)
+
+
+_MODEL_WAYS = (
+    "pass a local Hugging Face checkpoint directory that holds config.json, or a name from "
+    "`eesd models list` (plug-in eesd_models; `eesd plugins` shows whether it is loaded)."
+)

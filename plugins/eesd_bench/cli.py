@@ -7,11 +7,13 @@ import shutil
 import sys
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from eesd_core.bench.methods import GROUPS, PRESETS, expand_methods
-from eesd_core.bench.prompts import DEFAULT_QUESTIONS, load_questions, select
-from eesd_core.bench.runners import BenchSettings, find_head, resolve_exit_layer, shipped_head
+from eesd_bench.methods import GROUPS, PRESETS, expand_methods
+from eesd_bench.prompts import DEFAULT_QUESTIONS, load_questions, select
+
+if TYPE_CHECKING:
+    from eesd_bench.runners import BenchSettings
 
 
 def benchmarks_dir() -> Path:
@@ -51,14 +53,19 @@ def add_bench(sub: Any) -> None:
         default=["default"],
         metavar="METHOD",
         help=f"presets ({', '.join(PRESETS)}), groups ({', '.join(GROUPS)}) or "
-        "KIND:key=value,... specs (see eesd_core.bench.methods)",
+        "KIND:key=value,... specs (see eesd_bench.methods)",
     )
     parser.add_argument("--baseline", default="hf", help="the method speedups are relative to")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy; > 0: sampled")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed of the first prompt (+1 each)")
     parser.add_argument("--exit-layer", type=int, default=None, help="N for every early-exit method")
-    parser.add_argument("--head", default="auto", help="exit-head file, 'none' (untrained) or 'auto'")
+    parser.add_argument(
+        "--head",
+        default="auto",
+        help="exit-head file, 'none' (untrained) or 'auto' (one beside the checkpoint, else the "
+        "early-exit drafter's shipped head for this model, if any)",
+    )
     parser.add_argument("--max-draft-tokens", type=int, default=8)
     parser.add_argument("--runs", type=int, default=1, help="repeat the whole set (Spec-Bench reports 3)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
@@ -77,11 +84,13 @@ def add_bench(sub: Any) -> None:
     parser.set_defaults(func=run_bench)
 
 
-def _head(choice: str, model: Any, model_dir: Path, exit_layer: int | None) -> str | None:
+def _head(choice: str, model_dir: Path, exit_layer: int | None) -> str | None:
     if choice == "none":
         return None
     if choice == "auto":
-        return find_head(model_dir, exit_layer) or shipped_head(model, exit_layer)
+        from eesd_bench.runners import find_head
+
+        return find_head(model_dir, exit_layer) or "auto"
     return str(Path(choice).expanduser())
 
 
@@ -90,7 +99,7 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any, Path]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging
 
-    from eesd_core.models.fetch import resolve_model
+    from eesd_core.registry import resolve_model
 
     logging.set_verbosity_error()
     if args.threads:
@@ -108,7 +117,8 @@ def _registered() -> dict[str, list[str]]:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from eesd_core.bench.session import Session
+    from eesd_bench.runners import BenchSettings, early_exit_decoder
+    from eesd_bench.session import Session
     from eesd_core.cli import encode_prompt
 
     methods, notes = expand_methods(args.methods, _registered())
@@ -120,10 +130,12 @@ def run_bench(args: argparse.Namespace) -> int:
         args.temperature,
         args.seed,
         args.exit_layer,
-        _head(args.head, model, path, args.exit_layer),
+        _head(args.head, path, args.exit_layer),
         args.max_draft_tokens,
     )
-    num_layers = getattr(model, model.base_model_prefix).config.num_hidden_layers
+    early_exit = None
+    if any(("drafter", "early_exit") in m.plugins() for m in methods):
+        early_exit = early_exit_decoder(model, settings).drafter
     name = args.name or (args.model if "/" not in args.model else path.name)
     session = Session(model, prompts, methods, settings, notes=notes, model_name=args.model)
     result = session.run(
@@ -136,7 +148,8 @@ def run_bench(args: argparse.Namespace) -> int:
         per_category=args.per_category,
         subset_seed=args.subset_seed,
         runs=args.runs,
-        exit_layer_used=resolve_exit_layer(settings, num_layers),
+        exit_layer_used=None if early_exit is None else early_exit.shared_layers,
+        early_exit_drafter=None if early_exit is None else early_exit.describe(),
     )
     if args.memory:
         session.add_memory(result, str(path), args.dtype, args.threads)

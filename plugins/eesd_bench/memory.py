@@ -10,7 +10,7 @@ The difference is the memory that generation added on top of the loaded model: t
 activations, logits and each method's own buffers. Without /proc (not Linux) the probe reports
 nothing rather than a wrong number.
 
-Run as ``python -m eesd_core.bench.memory`` with a JSON request on standard input.
+Run as ``python -m eesd_bench.memory`` with a JSON request on standard input.
 """
 
 from __future__ import annotations
@@ -78,8 +78,8 @@ def probe(request: dict[str, Any]) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from eesd_core.bench.methods import parse_method
-    from eesd_core.bench.runners import BenchSettings, build_runner
+    from eesd_bench.methods import parse_method
+    from eesd_bench.runners import BenchSettings, build_runner
 
     if request.get("threads"):
         torch.set_num_threads(int(request["threads"]))
@@ -91,7 +91,7 @@ def probe(request: dict[str, Any]) -> dict[str, Any]:
     outputs: list[Any] = []
     result = peak_during(lambda: outputs.append(runner.generate(request["prompt"], settings, settings.seed)))
     result.update(model_bytes=model_bytes(model), new_tokens=len(outputs[0].tokens))
-    cache = getattr(getattr(getattr(runner, "decoder", None), "state", None), "cache", None)
+    cache = getattr(getattr(runner, "generation", None), "cache", None)
     result["kv_cache_bytes"] = cache.nbytes() if cache is not None else None
     return result
 
@@ -116,7 +116,7 @@ def measure(
     }
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "eesd_core.bench.memory"],
+            [sys.executable, "-m", "eesd_bench.memory"],
             input=json.dumps(request),
             capture_output=True,
             text=True,

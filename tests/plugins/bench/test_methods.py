@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from eesd_bench.methods import GROUPS, PRESETS, expand_methods, parse_method
 
-from eesd_core.bench.methods import GROUPS, PRESETS, expand_methods, parse_method
 from eesd_core.errors import ConfigError
 
 ALL = {
@@ -29,9 +29,23 @@ def test_custom_spec_sorts_keys_into_decoder_and_plugin_options() -> None:
     assert calibration.decoder_kwargs()["controller_options"] == {"variant": "calibration", "alpha0": 0.5}
 
 
+def test_matmul_goes_to_the_model_adapter() -> None:
+    kwargs = parse_method("eesd_plain_standard").decoder_kwargs()
+    assert kwargs["adapter_options"] == {"matmul": "standard"} and "matmul" not in kwargs
+    assert "adapter_options" not in parse_method("eesd").decoder_kwargs()
+
+
 def test_hf_early_exit_takes_an_exit_layer() -> None:
     spec = parse_method("hf_early_exit:exit_layer=8")
     assert spec.kind == "hf_early_exit" and spec.options == {"exit_layer": 8}
+    assert spec.plugins() == []
+
+
+def test_hf_early_exit_without_a_layer_asks_the_early_exit_drafter() -> None:
+    assert parse_method("hf_early_exit").plugins() == [("drafter", "early_exit")]
+    specs, notes = expand_methods(["default"], {**ALL, "drafter": ["prompt_lookup"]})
+    assert "hf_early_exit" not in [s.name for s in specs]
+    assert any(n.startswith("hf_early_exit: skipped") for n in notes)
 
 
 @pytest.mark.parametrize("text", ["vllm", "eesd:k", "eesd:=3"])

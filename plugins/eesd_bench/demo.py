@@ -29,32 +29,18 @@ def run_demo(args: argparse.Namespace) -> int:
     ids = encode_prompt(fast.tokenizer, args.prompt)
     print(f"\n> {args.prompt}\n")
     streamer = TextStreamer(fast.tokenizer)
-    for chunk in fast.stream(ids, max_new_tokens=args.max_new_tokens):
+    generation = fast.stream(ids, max_new_tokens=args.max_new_tokens)
+    fast_tokens: list[int] = []
+    for chunk in generation:
         streamer.push(chunk)
+        fast_tokens.extend(chunk)
     streamer.close()
-    fast_stats = fast.last_stats
-    fast_tokens = fast.state.history[len(ids) :]
     plain_result = plain.generate(ids, max_new_tokens=args.max_new_tokens)
     plain_tokens = plain_result.sequences[0, len(ids) :].tolist()
-    _report(args, fast_stats, plain_result.stats, fast_tokens == plain_tokens)
-    print(f"  drafter: {_describe_drafter(fast)}")
-    if fast.matmul_plan is not None:
-        print(f"  short passes: {fast.matmul_plan.describe()} (matmul='auto', eesd_core.kernels)")
+    _report(args, generation.stats, plain_result.stats, fast_tokens == plain_tokens)
+    print(f"  drafter: {fast.drafter.describe() if fast.drafter is not None else 'none (plain decoding)'}")
+    print(f"  short passes: {fast.adapter.products.describe()}")
     return 0 if fast_tokens == plain_tokens else 1
-
-
-def _describe_drafter(decoder: Any) -> str:
-    drafter = decoder.drafter
-    if drafter is None:
-        return "none (plain decoding)"
-    head = getattr(drafter, "head_path", "n/a")
-    layer = getattr(drafter, "shared_layers", None)
-    where = f" at layer {layer}" if layer is not None else ""
-    if getattr(drafter, "wants_top_states", False):
-        where += ", reading the target's top state too"
-    if head == "n/a":
-        return type(drafter).__name__
-    return f"exit head {head}{where}" if head is not None else f"untrained exit{where}"
 
 
 def _report(args: argparse.Namespace, fast: Any, plain: Any, identical: bool) -> None:

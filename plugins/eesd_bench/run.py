@@ -12,9 +12,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from eesd_core.bench.methods import MethodSpec
-from eesd_core.bench.prompts import Question
-from eesd_core.bench.runners import BenchSettings, Output, build_runner
+from eesd_bench.methods import MethodSpec
+from eesd_bench.prompts import Question
+from eesd_bench.runners import BenchSettings, Output, build_runner
 from eesd_core.errors import ConfigError
 
 WARMUP_TOKENS = 32
@@ -72,14 +72,22 @@ def run_benchmark(
     baseline: str = "hf",
     runs: int = 1,
     progress: Callable[[int], Any] | None = None,
+    runners: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
-    """Raw samples: one per run, prompt and method (see the module docstring for the protocol)."""
+    """Raw samples: one per run, prompt and method (see the module docstring for the protocol).
+
+    ``runners`` maps method names to runners built beforehand (by :func:`build_runner` if absent),
+    so that a caller can look at them after the run.
+    """
     timed = [m for m in methods if m.kind != "oracle"]
     if baseline not in [m.name for m in timed]:
         raise ConfigError(f"The baseline {baseline!r} is not among the methods run: add it to --methods.")
     if not prompts:
         raise ConfigError("No prompts selected: check --questions and --per-category.")
-    runners = {m.name: build_runner(m, model, settings) for m in timed}
+    runners = dict(runners or {})
+    for spec in timed:
+        if spec.name not in runners:
+            runners[spec.name] = build_runner(spec, model, settings)
     warmup = replace(settings, max_new_tokens=min(settings.max_new_tokens, WARMUP_TOKENS))
     for runner in runners.values():
         runner.generate(prompts[0][1], warmup, settings.seed)

@@ -1,46 +1,25 @@
 """Numbers from recorded traces rather than clocks: round costs, and the oracle bound by replay.
 
-Both use :mod:`eesd_core.trace` when it offers what they need, and say so when it does not. The
-oracle decodes every prompt once with the early-exit drafter drafting the most it may, records at
-every position how many of those drafts the target accepts, and then picks the best draft length
-per round in hindsight: no controller can beat it with that drafter and those costs.
+The oracle decodes every prompt once with the early-exit drafter drafting the most it may, records
+at every position how many of those drafts the target accepts (:mod:`eesd_bench.trace`), and then
+picks the best draft length per round in hindsight: no controller can beat it with that drafter
+and those costs.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
 from typing import Any
 
-from eesd_core.bench.methods import MethodSpec, parse_method
-from eesd_core.bench.modelled import RoundCosts
-from eesd_core.bench.prompts import Question
-from eesd_core.bench.runners import BenchSettings, eesd_kwargs
-
-NEEDED = ("measure_costs", "record_prompt", "compare_controllers", "Trace")
+from eesd_bench import trace
+from eesd_bench.methods import MethodSpec
+from eesd_bench.modelled import RoundCosts
+from eesd_bench.prompts import Question
 
 
-def trace_module() -> Any | None:
-    """:mod:`eesd_core.trace` if it has every function used here, else ``None``."""
-    try:
-        module = importlib.import_module("eesd_core.trace")
-    except ImportError:
-        return None
-    return module if all(hasattr(module, name) for name in NEEDED) else None
-
-
-def early_exit_decoder(model: Any, settings: BenchSettings) -> Any:
-    """The ``eesd_default`` decoder: early-exit drafter with the run's exit layer and head."""
-    from eesd_core.engine import SpeculativeDecoder
-
-    num_layers = getattr(model, model.base_model_prefix).config.num_hidden_layers
-    return SpeculativeDecoder(model, **eesd_kwargs(parse_method("eesd"), settings, num_layers))
-
-
-def measure_round_costs(decoder: Any, prompt: list[int]) -> RoundCosts | None:
-    """Propose and verify seconds by k, measured on ``prompt``; ``None`` without the trace module."""
-    trace = trace_module()
-    return None if trace is None else RoundCosts.of(trace.measure_costs(decoder, prompt))
+def measure_round_costs(decoder: Any, prompt: list[int]) -> RoundCosts:
+    """Propose and verify seconds by k, measured on ``prompt``."""
+    return RoundCosts.of(trace.measure_costs(decoder, prompt))
 
 
 def _replayed(methods: Sequence[MethodSpec]) -> dict[str, tuple[str, dict[str, Any]]]:
@@ -60,14 +39,11 @@ def oracle_report(
     methods: Sequence[MethodSpec],
     max_new_tokens: int,
     group_key: str = "task",
-) -> dict[str, Any] | None:
+) -> dict[str, Any]:
     """Modelled speedups of plain, best fixed k, the per-round oracle and the replayed controllers.
 
-    ``None`` without the trace module. Greedy only: a trace records greedy drafts.
+    Greedy only: a trace records greedy drafts.
     """
-    trace = trace_module()
-    if trace is None:
-        return None
     costs = trace.measure_costs(decoder, prompts[0][1])
     recorded = [(q, trace.record_prompt(decoder, p, max_new_tokens)) for q, p in prompts]
     controllers = _replayed(methods)

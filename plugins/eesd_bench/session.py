@@ -1,8 +1,10 @@
 """One benchmark session: the timed run, the optional probes and models, and the files they make.
 
 The result is one JSON-ready dict: ``environment``, ``settings``, ``methods``, every raw
-``samples`` record, the ``summary``, greedy ``mismatches``, and ``memory``, ``modelled`` and
-``oracle`` when asked for (``None`` otherwise), plus ``notes`` on anything left out.
+``samples`` record, the ``summary``, greedy ``mismatches``, ``products`` (how each eesd method's
+model adapter ran its short passes), and ``memory``, ``modelled`` and ``oracle`` when asked for
+(``None`` otherwise), plus ``notes`` on anything left out. Schema 2 replaced schema 1's ``matmul``
+with ``products``.
 """
 
 from __future__ import annotations
@@ -13,12 +15,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from eesd_core.bench.methods import MethodSpec
-from eesd_core.bench.prompts import Question
-from eesd_core.bench.report import markdown, mismatches, summarize
-from eesd_core.bench.runners import BenchSettings
+from eesd_bench.methods import MethodSpec
+from eesd_bench.prompts import Question
+from eesd_bench.report import markdown, mismatches, summarize
+from eesd_bench.runners import BenchSettings
 
-SCHEMA = "eesd-bench/1"
+SCHEMA = "eesd-bench/2"
 
 
 class Session:
@@ -43,10 +45,12 @@ class Session:
     def run(
         self, baseline: str = "hf", runs: int = 1, group_by: str = "task", progress: bool = True
     ) -> dict[str, Any]:
-        """Time every method on every prompt (see :mod:`eesd_core.bench.run`) and summarise."""
-        from eesd_core.bench.env import environment
-        from eesd_core.bench.run import run_benchmark
+        """Time every method on every prompt (see :mod:`eesd_bench.run`) and summarise."""
+        from eesd_bench.env import environment
+        from eesd_bench.run import run_benchmark
+        from eesd_bench.runners import build_runner
 
+        runners = {m.name: build_runner(m, self.model, self.settings) for m in self.timed}
         total = runs * len(self.prompts) * len(self.timed)
         with _progress(total, progress) as bar:
             samples = run_benchmark(
@@ -57,9 +61,9 @@ class Session:
                 baseline=baseline,
                 runs=runs,
                 progress=bar.update,
+                runners=runners,
             )
         names = [m.name for m in self.timed]
-        matmul = self._matmul_plan()
         return {
             "schema": SCHEMA,
             "environment": environment(self.model, self.model_name),
@@ -71,7 +75,7 @@ class Session:
             },
             "methods": [{"name": m.name, "kind": m.kind, "options": m.options} for m in self.methods],
             "notes": self.notes,
-            "matmul": matmul,
+            "products": self._products(runners),
             "summary": summarize(samples, names, baseline, group_by),
             "mismatches": mismatches(samples),
             "memory": None,
@@ -80,29 +84,25 @@ class Session:
             "samples": samples,
         }
 
-    def _matmul_plan(self) -> dict[str, Any] | None:
-        """The product eesd's short passes used (``matmul="auto"``), measured during the runs."""
-        from eesd_core.kernels import plan_for
-        from eesd_core.models import find_adapter
+    def _products(self, runners: dict[str, Any]) -> dict[str, str] | None:
+        """How each eesd method's model adapter ran its short passes (chosen during the run)."""
+        from eesd_bench.runners import EesdRunner
 
-        if not any(m.kind == "eesd" for m in self.timed):
-            return None
-        plan = plan_for(find_adapter(self.model), "auto", self.settings.max_draft_tokens + 1)
-        timings = ", ".join(
-            f"m={m} {a * 1e3:.1f}/{b * 1e3:.1f}" for m, (a, b) in sorted(plan.timings.items())
-        )
-        self.notes.append(
-            f"eesd matmul (auto): {plan.describe()}"
-            + (f"; whole-pass ms, F.linear/transposed: {timings}" if timings else "")
-        )
-        return {
-            "rows": sorted(plan.rows),
-            "timings_ms": {str(m): [a * 1e3, b * 1e3] for m, (a, b) in sorted(plan.timings.items())},
+        described = {
+            name: runner.decoder.adapter.products.describe()
+            for name, runner in runners.items()
+            if isinstance(runner, EesdRunner)
         }
+        if not described:
+            return None
+        for plan in sorted(set(described.values())):
+            users = ", ".join(name for name, text in described.items() if text == plan)
+            self.notes.append(f"short-pass products of {users}: {plan}")
+        return described
 
     def add_memory(self, result: dict[str, Any], model_path: str, dtype: str, threads: int | None) -> None:
         """Each method's peak memory on the longest prompt, each in a fresh process."""
-        from eesd_core.bench.memory import measure
+        from eesd_bench.memory import measure
 
         longest = max((p for _, p in self.prompts), key=len)
         result["memory"] = {}
@@ -118,13 +118,11 @@ class Session:
 
     def add_modelled(self, result: dict[str, Any]) -> None:
         """Modelled speedup by alpha and k from the early-exit drafter's measured costs."""
-        from eesd_core.bench.modelled import markdown_lines, modelled_report
-        from eesd_core.bench.offline import early_exit_decoder, measure_round_costs
+        from eesd_bench.modelled import markdown_lines, modelled_report
+        from eesd_bench.offline import measure_round_costs
+        from eesd_bench.runners import early_exit_decoder
 
         costs = measure_round_costs(early_exit_decoder(self.model, self.settings), self.prompts[0][1])
-        if costs is None:
-            self.notes.append("modelled report skipped: eesd_core.trace.measure_costs is not available")
-            return
         measured = {}
         for spec in self.timed:
             row = result["summary"]["overall"].get(spec.name)
@@ -136,27 +134,24 @@ class Session:
 
     def add_oracle(self, result: dict[str, Any]) -> None:
         """The replayed per-round oracle and controllers (greedy runs only)."""
-        from eesd_core.bench.offline import early_exit_decoder, oracle_markdown, oracle_report
+        from eesd_bench.offline import oracle_markdown, oracle_report
+        from eesd_bench.runners import early_exit_decoder
 
         if not self.settings.greedy:
             self.notes.append("oracle skipped: traces record greedy drafts only")
             return
         decoder = early_exit_decoder(self.model, self.settings)
-        report = oracle_report(
+        result["oracle"] = oracle_report(
             decoder, self.prompts, self.methods, self.settings.max_new_tokens, result["summary"]["group_key"]
         )
-        if report is None:
-            self.notes.append("oracle skipped: eesd_core.trace does not offer trace recording and replay")
-            return
-        result["oracle"] = report
-        self.sections.append(oracle_markdown(report))
+        self.sections.append(oracle_markdown(result["oracle"]))
 
     def markdown(self, result: dict[str, Any]) -> str:
         return markdown(result, self.sections)
 
     def write(self, result: dict[str, Any], out: Path) -> list[Path]:
         """``results.json``, ``results.md`` and, with matplotlib, ``speedup.png`` in ``out``."""
-        from eesd_core.bench.plot import plot_speedups
+        from eesd_bench.plot import plot_speedups
 
         out.mkdir(parents=True, exist_ok=True)
         files = [out / "results.json", out / "results.md"]

@@ -6,10 +6,12 @@ import json
 
 import pytest
 import torch
+from eesd_bench.memory import peak_during
+from eesd_bench.methods import parse_method
+from eesd_bench.prompts import Question
+from eesd_bench.runners import BenchSettings, find_head
+from eesd_bench.session import Session
 
-from eesd_core.bench import BenchSettings, Question, Session, parse_method
-from eesd_core.bench.memory import peak_during
-from eesd_core.bench.runners import find_head
 from eesd_core.cli import main
 
 VOCAB = 259
@@ -85,9 +87,10 @@ def test_cli_writes_json_markdown_and_plot(checkpoint, questions, tmp_path, caps
     )
     assert code == 0
     result = json.loads((out / "results.json").read_text())
-    assert result["schema"] == "eesd-bench/1"
+    assert result["schema"] == "eesd-bench/2"
     assert {"torch", "transformers", "cpu", "threads", "date"} <= set(result["environment"])
-    assert result["settings"]["exit_layer_used"] == 2 and result["settings"]["head"] is None
+    assert result["settings"]["exit_layer_used"] == 2 and result["settings"]["head"] == "auto"
+    assert result["settings"]["early_exit_drafter"].startswith("target layers [0, 2)")
     names = ["hf", "eesd_plain", "eesd:controller=fixed,k=2", "eesd_prompt_lookup", "hf_early_exit"]
     assert [m["name"] for m in result["methods"]] == [*names, "oracle"]
     assert len(result["samples"]) == 2 * len(names)
@@ -115,9 +118,8 @@ def test_cli_writes_json_markdown_and_plot(checkpoint, questions, tmp_path, caps
 
 
 def test_session_sampled_with_record(checkpoint, tmp_path, monkeypatch) -> None:
+    from eesd_bench import cli
     from transformers import AutoModelForCausalLM
-
-    from eesd_core.bench import cli
 
     model = AutoModelForCausalLM.from_pretrained(checkpoint).eval()
     prompts = [(Question(1, "qa", "x"), [1, 5, 6, 7, 5, 6])]
@@ -144,7 +146,7 @@ def test_auto_head_finds_nothing_in_a_plain_checkpoint(checkpoint) -> None:
 
 @pytest.mark.slow
 def test_memory_probe_in_a_child_process(checkpoint) -> None:
-    from eesd_core.bench.memory import measure
+    from eesd_bench.memory import measure
 
     probe = measure(str(checkpoint), "eesd:drafter=none", [1, 5, 6], BenchSettings(max_new_tokens=8))
     assert "error" not in probe, probe

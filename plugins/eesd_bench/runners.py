@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from eesd_core.bench.methods import MethodSpec
+from eesd_bench.methods import MethodSpec, parse_method
 from eesd_core.errors import ConfigError
 
 HEAD_FORMAT = "eesd-exit-head"
@@ -21,7 +21,12 @@ HEAD_FORMAT = "eesd-exit-head"
 
 @dataclass(frozen=True)
 class BenchSettings:
-    """How every method generates: the same length, temperature, seeds, exit layer and head."""
+    """How every method generates: the same length, temperature, seeds, exit layer and head.
+
+    ``exit_layer`` and ``head`` go to every early-exit method as they are: ``head`` is a head
+    file, ``None`` (the target's own norm and LM head) or ``"auto"`` (the head the early-exit
+    drafter ships for this exact target, if any); ``exit_layer=None`` lets the drafter choose N.
+    """
 
     max_new_tokens: int = 128
     temperature: float = 0.0
@@ -70,35 +75,20 @@ def find_head(model_dir: str | Path, exit_layer: int | None = None) -> str | Non
     return None
 
 
-def shipped_head(model: Any, exit_layer: int | None = None) -> str | None:
-    """``--head auto`` without a head beside the checkpoint: the one the early-exit drafter ships
-    for this exact model (matched by weight fingerprint), if that drafter is installed."""
-    try:
-        from eesd_early_exit.headfile import find_shipped_head, read_metadata
-    except ImportError:
-        return None
-    from eesd_core.models import find_adapter
+def early_exit_decoder(model: Any, settings: BenchSettings) -> Any:
+    """The ``eesd_default`` decoder: the early-exit drafter with the run's exit layer and head.
 
-    path = find_shipped_head(find_adapter(model))
-    if path is None or (exit_layer is not None and read_metadata(path)["exit_layer"] != str(exit_layer)):
-        return None
-    return str(path)
+    The bench learns N (``drafter.shared_layers``) and what drafts (``drafter.describe()``) from
+    it, so that the drafter alone decides how a head and an exit layer go together.
+    """
+    from eesd_core.engine import SpeculativeDecoder
+
+    return SpeculativeDecoder(model, **eesd_kwargs(parse_method("eesd"), settings))
 
 
-def resolve_exit_layer(settings: BenchSettings, num_layers: int) -> int:
-    """N for every early-exit method: ``--exit-layer``, else the head's, else a quarter of the layers."""
-    if settings.head is not None:
-        metadata = head_metadata(settings.head)
-        if metadata is None:
-            raise ConfigError(f"{settings.head!r} is not an eesd exit-head file: pass --head none or a head.")
-        head_layer = int(metadata["exit_layer"])
-        if settings.exit_layer not in (None, head_layer):
-            raise ConfigError(
-                f"--exit-layer {settings.exit_layer} but the head was distilled at layer "
-                f"{head_layer}: drop --exit-layer or pass another head."
-            )
-        return head_layer
-    return settings.exit_layer if settings.exit_layer is not None else max(1, num_layers // 4)
+def resolve_exit_layer(model: Any, settings: BenchSettings) -> int:
+    """N for every early-exit method: what the early-exit drafter makes of the run's settings."""
+    return int(early_exit_decoder(model, settings).drafter.shared_layers)
 
 
 class HFRunner:
@@ -148,56 +138,59 @@ class HFRunner:
 
 
 class EesdRunner:
-    """A :class:`~eesd_core.engine.SpeculativeDecoder` kept for the whole run (controllers learn)."""
+    """A :class:`~eesd_core.engine.SpeculativeDecoder` kept for the whole run (controllers learn).
+
+    ``generation`` is the latest call's :class:`~eesd_core.generation.Generation`, for probes that
+    look at what a call held (the memory probe reads its cache).
+    """
+
+    COUNTERS = (
+        "rounds",
+        "drafted",
+        "accepted",
+        "drafted_by_position",
+        "accepted_by_position",
+        "draft_time",
+        "verify_time",
+        "prefill_time",
+        "stopped_by",
+    )
 
     def __init__(self, model: Any, kwargs: dict[str, Any]) -> None:
         from eesd_core.engine import SpeculativeDecoder
 
         self.decoder = SpeculativeDecoder(model, **kwargs)
+        self.generation: Any = None
 
     def generate(self, prompt: list[int], settings: BenchSettings, seed: int) -> Output:
         started = time.perf_counter()
-        result = self.decoder.generate(
+        self.generation = self.decoder.stream(
             prompt, max_new_tokens=settings.max_new_tokens, temperature=settings.temperature, seed=seed
         )
+        tokens = [token for chunk in self.generation for token in chunk]
         seconds = time.perf_counter() - started
-        stats = result.stats
-        counters = {
-            key: getattr(stats, key)
-            for key in (
-                "rounds",
-                "drafted",
-                "accepted",
-                "drafted_by_position",
-                "accepted_by_position",
-                "draft_time",
-                "verify_time",
-                "prefill_time",
-                "stopped_by",
-            )
-        }
+        counters = {key: getattr(self.generation.stats, key) for key in self.COUNTERS}
         counters["drafted_by_position"] = list(counters["drafted_by_position"])
         counters["accepted_by_position"] = list(counters["accepted_by_position"])
-        return Output(result.sequences[0, len(prompt) :].tolist(), seconds, counters)
+        return Output(tokens, seconds, counters)
 
 
-def eesd_kwargs(spec: MethodSpec, settings: BenchSettings, num_layers: int) -> dict[str, Any]:
+def eesd_kwargs(spec: MethodSpec, settings: BenchSettings) -> dict[str, Any]:
     """Decoder keywords of an ``eesd`` spec; an early-exit drafter gets the run's exit layer and head."""
     kwargs = spec.decoder_kwargs(settings.max_draft_tokens)
     if kwargs["drafter"] == "early_exit":
         options = kwargs["drafter_options"]
         options.setdefault("head", settings.head)
-        if options["head"] == settings.head:
-            options.setdefault("exit_layer", resolve_exit_layer(settings, num_layers))
+        if options["head"] == settings.head and settings.exit_layer is not None:
+            options.setdefault("exit_layer", settings.exit_layer)
     return kwargs
 
 
 def build_runner(spec: MethodSpec, model: Any, settings: BenchSettings) -> HFRunner | EesdRunner:
-    num_layers = getattr(model, model.base_model_prefix).config.num_hidden_layers
     if spec.kind == "hf":
         return HFRunner(model)
     if spec.kind == "hf_early_exit":
-        return HFRunner(model, spec.options.get("exit_layer") or resolve_exit_layer(settings, num_layers))
+        return HFRunner(model, spec.options.get("exit_layer") or resolve_exit_layer(model, settings))
     if spec.kind == "eesd":
-        return EesdRunner(model, eesd_kwargs(spec, settings, num_layers))
+        return EesdRunner(model, eesd_kwargs(spec, settings))
     raise ConfigError(f"Method {spec.name!r} ({spec.kind}) is not run per prompt.")

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import pytest
-
-from eesd_core.bench.methods import parse_method
-from eesd_core.bench.modelled import RoundCosts, expected_tokens, modelled_report
-from eesd_core.bench.prompts import Question
-from eesd_core.bench.report import markdown, mismatches, summarize
-from eesd_core.bench.run import first_difference, rotated, run_benchmark
-from eesd_core.bench.runners import BenchSettings, Output
+from eesd_bench.methods import parse_method
+from eesd_bench.modelled import RoundCosts, expected_tokens, modelled_report
+from eesd_bench.prompts import Question
+from eesd_bench.report import markdown, mismatches, summarize
+from eesd_bench.run import first_difference, rotated, run_benchmark
+from eesd_bench.runners import BenchSettings, Output
 
 
 def test_first_difference() -> None:
@@ -97,7 +96,7 @@ class _Fake:
 def test_interleaving_warmup_and_equality(monkeypatch) -> None:
     log = []
     fakes = {"hf": _Fake("hf", log), "a": _Fake("a", log), "b": _Fake("b", log, wrong_at=2)}
-    monkeypatch.setattr("eesd_core.bench.run.build_runner", lambda spec, model, settings: fakes[spec.name])
+    monkeypatch.setattr("eesd_bench.run.build_runner", lambda spec, model, settings: fakes[spec.name])
     methods = [parse_method("hf"), parse_method("eesd:controller=fixed"), parse_method("eesd_plain")]
     methods = [type(m)(n, m.kind, m.options) for m, n in zip(methods, ["hf", "a", "b"], strict=True)]
     prompts = [(Question(i, "qa", "t"), [i, 5, 6]) for i in range(3)]
@@ -115,7 +114,7 @@ def test_interleaving_warmup_and_equality(monkeypatch) -> None:
 
 def test_sampled_runs_are_not_compared(monkeypatch) -> None:
     fakes = {"hf": _Fake("hf", []), "b": _Fake("b", [], wrong_at=0)}
-    monkeypatch.setattr("eesd_core.bench.run.build_runner", lambda spec, model, settings: fakes[spec.name])
+    monkeypatch.setattr("eesd_bench.run.build_runner", lambda spec, model, settings: fakes[spec.name])
     methods = [parse_method("hf"), type(parse_method("hf"))("b", "eesd", {})]
     samples = run_benchmark(None, [(Question(1, "qa", "t"), [1])], methods, BenchSettings(4, temperature=0.7))
     assert all(s["equal"] is None for s in samples)

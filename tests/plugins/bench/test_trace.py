@@ -8,12 +8,7 @@ from pathlib import Path
 
 import pytest
 from eesd_baselines import FixedK, FixedOptions
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from synthetic import FAST_DRAFT, SMOL_CPU, synthetic_trace
-
-from eesd_core import SpeculativeDecoder
-from eesd_core.trace import (
+from eesd_bench.trace import (
     CostModel,
     Position,
     PromptTrace,
@@ -27,6 +22,11 @@ from eesd_core.trace import (
     record_trace,
     replay,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from synthetic import FAST_DRAFT, SMOL_CPU, synthetic_trace
+
+from eesd_core import SpeculativeDecoder
 
 UNIT = CostModel(draft_step=1.0, propose_base=0.0, verify=(10.0,) * 4)  # round_time(k) = 10 + k
 

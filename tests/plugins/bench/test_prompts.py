@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from eesd_bench.prompts import load_questions, select, task_of
 
-from eesd_core.bench.prompts import load_questions, select, task_of
 from eesd_core.errors import InputError
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 
-from eesd_core.trace import CostModel, Position, PromptTrace, Trace
+from eesd_bench.trace import CostModel, Position, PromptTrace, Trace
 
 SMOL_CPU = CostModel(0.035, 0.017, (0.088, 0.129, 0.163, 0.124, 0.135, 0.154, 0.144, 0.141, 0.148))
 FAST_DRAFT = CostModel(0.02, 0.004, tuple(0.1 + 0.004 * m for m in range(1, 10)))

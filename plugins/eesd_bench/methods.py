@@ -3,9 +3,11 @@
 A spec is ``KIND`` or ``KIND:key=value,...`` with KIND one of
 
 - ``hf``: transformers' ``generate()``, plain decoding (the baseline);
-- ``hf_early_exit``: transformers' ``generate(assistant_early_exit=N)``; key ``exit_layer``;
+- ``hf_early_exit``: transformers' ``generate(assistant_early_exit=N)``; key ``exit_layer``
+  (default: the N the early-exit drafter chooses for the run's head);
 - ``eesd``: a :class:`~eesd_core.engine.SpeculativeDecoder`; keys ``drafter`` (``none`` for plain
-  decoding), ``controller``, ``verifier``, ``max_draft_tokens``, ``matmul``; ``drafter.X`` and
+  decoding), ``controller``, ``verifier``, ``max_draft_tokens``, and ``matmul`` (the model
+  adapter's short-pass product: ``auto``, ``standard`` or ``transposed``); ``drafter.X`` and
   ``controller.X`` set plug-in options, and any other key is a controller option, so
   ``eesd:controller=fixed,k=4`` drafts four tokens a round;
 - ``oracle``: not run, but replayed from a recorded trace (the best draft length in hindsight).
@@ -23,7 +25,7 @@ from typing import Any
 from eesd_core.errors import ConfigError
 
 KINDS = ("hf", "hf_early_exit", "eesd", "oracle")
-DECODER_KEYS = ("drafter", "controller", "verifier", "max_draft_tokens", "matmul")
+DECODER_KEYS = ("drafter", "controller", "verifier", "max_draft_tokens")
 
 PRESETS: dict[str, str] = {
     "hf": "hf",
@@ -91,6 +93,8 @@ class MethodSpec:
         for key, value in self.options.items():
             if key in DECODER_KEYS:
                 kwargs[key] = value
+            elif key == "matmul":
+                kwargs["adapter_options"] = {"matmul": value}
             elif key.startswith("drafter."):
                 drafter_options[key.removeprefix("drafter.")] = value
             else:
@@ -100,7 +104,7 @@ class MethodSpec:
 
     def plugins(self) -> list[tuple[str, str]]:
         """The (kind, name) pairs of registered plug-ins this method needs."""
-        if self.kind == "oracle":
+        if self.kind == "oracle" or (self.kind == "hf_early_exit" and "exit_layer" not in self.options):
             return [("drafter", "early_exit")]
         if self.kind != "eesd":
             return []

@@ -167,6 +167,7 @@ def record_prompt(decoder: Any, prompt: Sequence[int], max_new_tokens: int) -> P
     if decoder.drafter is None:
         raise InputError("A trace needs a decoder with a drafter; this one decodes plainly.")
     recorder = _Recorder()
+
     def run() -> Any:
         return decoder.generate(list(prompt), max_new_tokens=max_new_tokens, temperature=0.0)
 
@@ -260,12 +261,18 @@ def replay(trace: Trace, controller: Controller, learn_costs: bool = True) -> Re
     for prompt in trace.prompts:
         costs = tracker.snapshot() if learn_costs else fixed
         n_tokens = len(prompt.tokens)
-        request = Request(prompt.prompt_length, n_tokens, trace.max_k, SamplingParams(), costs)
+        request = Request(
+            prompt_length=prompt.prompt_length,
+            max_new_tokens=n_tokens,
+            max_draft_tokens=trace.max_k,
+            sampling=SamplingParams(),
+            costs=costs,
+        )
         controller.start(request)
         t = 0
         while t < n_tokens:
             costs = tracker.snapshot() if learn_costs else fixed
-            k, n = _round(controller, prompt.positions[t], costs, trace.costs)
+            k, n = _round(controller, prompt, t, costs, trace.costs)
             propose = trace.costs.propose_base + k * trace.costs.draft_step
             tracker.observe(k, propose, trace.costs.verify[k])
             committed = min(n + 1, n_tokens - t)
@@ -278,18 +285,38 @@ def replay(trace: Trace, controller: Controller, learn_costs: bool = True) -> Re
     return result
 
 
-def _round(controller: Controller, pos: Position, costs: Costs, model: CostModel) -> tuple[int, int]:
-    """One round at a recorded position: (k drafted, n accepted), after the controller's update."""
+def _round(
+    controller: Controller, prompt: PromptTrace, t: int, costs: Costs, model: CostModel
+) -> tuple[int, int]:
+    """One round at recorded position t: (k drafted, n accepted), after the controller's update."""
+    pos = prompt.positions[t]
     limit = pos.drafts
     k = 0
-    step = DraftStep(0, limit, costs)
+    step = DraftStep(index=0, max_draft_tokens=limit, costs=costs)
     while k < limit and controller.should_continue(step):
         k += 1
-        step = DraftStep(k, limit, costs, None, _at(pos.prob, k), _at(pos.top1, k), _at(pos.entropy, k))
+        step = DraftStep(
+            index=k,
+            max_draft_tokens=limit,
+            costs=costs,
+            prob=_at(pos.prob, k),
+            top1=_at(pos.top1, k),
+            entropy=_at(pos.entropy, k),
+        )
     n = min(k, pos.accepted)
-    propose = model.propose_base + k * model.draft_step
-    controller.update(RoundOutcome(k, n, pos.prob[:k], pos.top1[:k], pos.entropy[:k],
-                                   propose, model.verify[k], costs))
+    outcome = RoundOutcome(
+        position=prompt.prompt_length + t - 1,
+        drafted=k,
+        accepted=n,
+        tokens=prompt.tokens[t : t + n + 1],
+        draft_time=model.propose_base + k * model.draft_step,
+        verify_time=model.verify[k],
+        probs=pos.prob[:k],
+        top1=pos.top1[:k],
+        entropies=pos.entropy[:k],
+        costs=costs,
+    )
+    controller.update(outcome)
     return k, n
 
 
