@@ -5,7 +5,7 @@ Every model forbids unknown keys, so a typo is an error that names the key, neve
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -21,8 +21,7 @@ class PluginOptions(BaseModel):
 
 
 class DecoderConfig(BaseModel):
-    """Which plug-ins a :class:`~eesd_core.engine.SpeculativeDecoder` uses, the draft cap, and how
-    short passes multiply (``matmul``, see :mod:`eesd_core.kernels`)."""
+    """Which plug-ins a :class:`~eesd_core.engine.SpeculativeDecoder` uses, and the draft cap."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -33,7 +32,6 @@ class DecoderConfig(BaseModel):
     verifier: str = "lossless"
     verifier_options: dict[str, Any] = Field(default_factory=dict)
     max_draft_tokens: int = Field(8, ge=1, le=MAX_DRAFT_TOKENS_LIMIT)
-    matmul: Literal["auto", "standard", "transposed"] = "auto"
 
 
 class GenerationConfig(BaseModel):

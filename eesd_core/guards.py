@@ -1,8 +1,8 @@
 """Containment of plug-in faults: a misbehaving plug-in fails with an error that names it.
 
 Every call from the engine into a plug-in goes through :class:`Guarded`, which turns exceptions
-and contract breaches (a non-bool decision, drafts outside the vocabulary, q that is not a
-distribution, more accepted tokens than drafted, a cache left at the wrong length) into
+and contract breaches (a non-bool decision, drafts outside the vocabulary, draft logits of the
+wrong shape, more accepted tokens than drafted, a cache left at the wrong length) into
 :class:`~eesd_core.errors.PluginFault`. The decoder stays usable: each call starts from fresh state.
 """
 
@@ -15,8 +15,7 @@ import torch
 
 from eesd_core.cache import KVCache
 from eesd_core.errors import EESDError, PluginFault
-from eesd_core.protocols import DraftStep, Proposal, RandomSource, Verifier
-from eesd_core.sampling import check_finite
+from eesd_core.protocols import Draft, DraftStep, RandomSource, Verifier
 
 
 class Guarded:
@@ -46,11 +45,11 @@ class Guarded:
     def call_drafter(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
         return self._call("drafter", what, fn, *args)
 
-    def asker(self, controller: Any, max_tokens: int) -> Callable[[DraftStep], bool]:
-        """``ctx.ask``: the controller's decision, bounded by ``max_tokens`` whatever it says."""
+    def asker(self, controller: Any, max_draft_tokens: int) -> Callable[[DraftStep], bool]:
+        """The controller's decision, bounded by ``max_draft_tokens`` whatever it says."""
 
         def ask(step: DraftStep) -> bool:
-            if step.index >= max_tokens:
+            if step.index >= max_draft_tokens:
                 return False
             decision = self.call_controller("should_continue", controller.should_continue, step)
             if decision is not True and decision is not False:
@@ -61,33 +60,38 @@ class Guarded:
 
         return ask
 
-    def check_proposal(self, proposal: Proposal, max_k: int, num_layers: int) -> None:
-        if not isinstance(proposal, Proposal):
-            raise self.fault("drafter", f"returned {type(proposal).__name__} from propose(), not a Proposal")
-        k = proposal.k
-        if k > max_k:
-            raise self.fault("drafter", f"proposed {k} drafts where at most {max_k} were allowed")
-        tokens = proposal.tokens
-        if k and (
-            tokens.dtype != torch.long or int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size
+    def check_drafter(self, drafter: Any, num_layers: int) -> None:
+        """The drafter's declared members, once it is attached to the target."""
+        shared = getattr(drafter, "shared_layers", None)
+        if not isinstance(shared, int) or not 0 <= shared <= num_layers:
+            raise self.fault("drafter", f"declares shared_layers={shared!r}, not an int in [0, {num_layers}]")
+        if not isinstance(getattr(drafter, "reads_top_states", None), bool):
+            raise self.fault("drafter", "does not declare reads_top_states (a bool)")
+
+    def check_draft(self, draft: Any) -> None:
+        if not isinstance(draft, Draft):
+            raise self.fault("drafter", f"returned {type(draft).__name__} from step(), not a Draft")
+        if draft.logits is not None:
+            if tuple(draft.logits.shape) != (self.vocab_size,):
+                raise self.fault(
+                    "drafter",
+                    f"returned draft logits of shape {tuple(draft.logits.shape)}, not ({self.vocab_size},)",
+                )
+        elif any(
+            isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size
+            for t in draft.tokens
         ):
             raise self.fault("drafter", f"proposed tokens outside [0, {self.vocab_size})")
-        if not 0 <= proposal.layers_done <= num_layers:
-            raise self.fault("drafter", f"claims layers_done={proposal.layers_done} of {num_layers}")
-        if proposal.hidden is not None and proposal.layers_done and proposal.hidden.shape[1] != k + 1:
-            raise self.fault(
-                "drafter", f"returned hidden states for {proposal.hidden.shape[1]} inputs, not {k + 1}"
-            )
-        if proposal.q is not None and k:
-            self._check_q(proposal.q, k)
 
-    def _check_q(self, q: torch.Tensor, k: int) -> None:
-        if q.shape[0] != k or q.shape[-1] != self.vocab_size:
-            raise self.fault("drafter", f"returned q of shape {tuple(q.shape)}, not ({k}, {self.vocab_size})")
-        check_finite(q, "Draft")
-        sums = q.sum(-1, dtype=torch.float64)
-        if bool((q < 0).any()) or not torch.allclose(sums, torch.ones_like(sums), atol=1e-3):
-            raise self.fault("drafter", "returned q rows that are not probability distributions")
+    def check_hidden(self, hidden: torch.Tensor | None, k: int, shared_layers: int, num_layers: int) -> None:
+        """``finish`` returns the states of the round's k + 1 inputs after N layers (None if N = 0)."""
+        if shared_layers == 0:
+            if hidden is not None:
+                raise self.fault("drafter", "returned hidden states from finish() but shares no layers")
+            return
+        if hidden is None or hidden.dim() != 3 or hidden.shape[1] != k + 1:
+            shape = None if hidden is None else tuple(hidden.shape)
+            raise self.fault("drafter", f"returned hidden states of shape {shape} for {k + 1} inputs")
 
     def check_cache(self, cache: KVCache, start: int, position: int, k: int) -> None:
         """Layers [start, L) must hold exactly the committed tokens before verification."""
@@ -99,15 +103,21 @@ class Guarded:
             raise self.fault("drafter", f"left layers [0, {start}) of the cache at the wrong length")
 
     def verify(
-        self, verifier: Verifier, proposal: Proposal, p: torch.Tensor, rng: RandomSource
+        self,
+        verifier: Verifier,
+        draft_tokens: torch.Tensor,
+        q: torch.Tensor | None,
+        p: torch.Tensor,
+        rng: RandomSource,
     ) -> tuple[int, int]:
-        result = self._call("verifier", "verify", verifier.verify, proposal.tokens, proposal.q, p, rng)
+        result = self._call("verifier", "verify", verifier.verify, draft_tokens, q, p, rng)
         try:
             n, token = int(result[0]), int(result[1])
         except (TypeError, ValueError, IndexError):
             raise self.fault("verifier", f"returned {result!r} from verify(), not (n, token)") from None
-        if not 0 <= n <= proposal.k:
-            raise self.fault("verifier", f"accepted {n} tokens out of {proposal.k} drafted")
+        k = int(draft_tokens.shape[0])
+        if not 0 <= n <= k:
+            raise self.fault("verifier", f"accepted {n} tokens out of {k} drafted")
         if not 0 <= token < self.vocab_size:
             raise self.fault("verifier", f"emitted token {token} outside [0, {self.vocab_size})")
         return n, token

@@ -3,12 +3,16 @@
 Notation (see :mod:`eesd_core.sampling`): p is the target distribution, q the draft distribution,
 k the number of drafts in a round, n the number accepted, N the exit layer, L the number of layers.
 
-A round, as the engine runs it::
+A round, as the engine runs it (the one draft loop, :meth:`SpeculativeDecoder._draft`)::
 
-    proposal = drafter.propose(pending, ctx)      # k drafts; ctx.ask(step) consults the controller
-    p = target over [pending, d_1..d_k]           # [k+1, V], from proposal.hidden when layers_done > 0
-    n, token = verifier.verify(drafts, q, p, rng) # lossless acceptance
-    commit d_1..d_n, token; roll every cache back to the committed length
+    token = pending
+    while controller.should_continue(DraftStep(i, ...)):   # asked before every draft, i = 0 first
+        draft = drafter.step(state, token, position + i, history)   # q's logits, or fixed tokens
+        token = sample from q (or the next fixed token); record q(token), top-1, entropy
+    hidden = drafter.finish(state, token, position + k)  # layer-N states of [pending, d_1..d_k]
+    p = target layers [N, L) over hidden                 # [k+1, V]
+    n, token = verifier.verify(drafts, q, p, rng)        # lossless acceptance
+    commit d_1..d_n, token; roll every cache back; controller.update(outcome); observers see it
 
 Tensors carry their shapes in comments: ``# [k, V]``.
 """
@@ -42,8 +46,8 @@ class SamplingParams:
 class Costs:
     """Measured costs in seconds, smoothed over recent rounds; ``None`` until first measured.
 
-    ``draft_step`` is one draft token; ``propose_base`` what a proposal costs beyond its draft
-    steps (for the early-exit drafter: pushing the last token through layers [0, N));
+    ``draft_step`` is one draft token; ``propose_base`` what a round's drafting costs beyond its
+    draft steps (for the early-exit drafter: pushing the last token through layers [0, N));
     ``verify`` maps a number of verified positions m = k + 1 to the cost of one target pass.
     """
 
@@ -65,7 +69,7 @@ class Costs:
 
 @dataclass(frozen=True)
 class Request:
-    """What a controller and a drafter learn about a generation when it starts."""
+    """What a controller learns about a generation when it starts."""
 
     prompt_length: int
     max_new_tokens: int
@@ -78,13 +82,13 @@ class Request:
 class DraftStep:
     """Handed to ``Controller.should_continue`` before each draft token of a round.
 
-    ``index`` drafts were made so far (0: none yet; answering False makes a plain decoding step).
-    For index > 0, ``token``, ``prob`` (its q), ``top1`` (max q) and ``entropy`` (of q, nats)
-    describe the latest draft.
+    ``index`` drafts were made so far (0: none yet; answering False makes a plain decoding step);
+    at most ``max_draft_tokens`` are allowed this round. For index > 0, ``token``, ``prob`` (its
+    q), ``top1`` (max q) and ``entropy`` (of q, nats) describe the latest draft.
     """
 
     index: int
-    max_tokens: int
+    max_draft_tokens: int
     costs: Costs
     token: int | None = None
     prob: float | None = None
@@ -94,52 +98,35 @@ class DraftStep:
 
 @dataclass(frozen=True)
 class RoundOutcome:
-    """Handed to ``Controller.update`` after verification: k drafted, n accepted."""
+    """The one record of a round: the controller learns from it, observers and stats read it.
 
-    drafted: int
-    accepted: int
-    probs: tuple[float, ...]
-    top1: tuple[float, ...]
-    entropies: tuple[float, ...]
-    draft_time: float
-    verify_time: float
-    costs: Costs
-
-
-@dataclass(frozen=True)
-class Proposal:
-    """A drafter's answer for one round.
-
-    ``tokens`` are the k drafts; ``q`` the distributions they were sampled from, or ``None`` for a
-    deterministic drafter (each draft had q = 1). ``hidden`` holds the target's hidden states after
-    ``layers_done`` layers for the k + 1 inputs [pending, d_1..d_k], so the target only runs the rest;
-    with ``layers_done == 0`` it may be ``None``.
+    At ``position`` (where the pending token sits) k = ``drafted`` drafts were made and n =
+    ``accepted`` of them kept; ``tokens`` are the n + 1 tokens committed (before any cut at EOS or
+    ``max_new_tokens``). ``probs``, ``top1`` and ``entropies`` hold, per draft, exactly what
+    ``should_continue`` saw in its :class:`DraftStep`. ``costs`` are those the round started with.
     """
 
-    tokens: torch.Tensor  # [k] long
-    q: torch.Tensor | None  # [k, V]
-    hidden: torch.Tensor | None  # [1, k+1, H]
-    layers_done: int
+    position: int
+    drafted: int
+    accepted: int
+    tokens: tuple[int, ...]
+    draft_time: float
+    verify_time: float
+    probs: tuple[float, ...] = ()
     top1: tuple[float, ...] = ()
     entropies: tuple[float, ...] = ()
-
-    @property
-    def k(self) -> int:
-        return int(self.tokens.shape[0])
+    costs: Costs = field(default_factory=Costs, compare=False)
 
 
 @dataclass(frozen=True)
-class DraftContext:
-    """What the engine lends a drafter for one ``propose`` call."""
+class Draft:
+    """What one :meth:`Drafter.step` proposes: either ``logits`` ``[V]`` of q for the next draft
+    (the engine samples it), or ``tokens``, fixed proposals for the next drafts (q = 1 each; the
+    engine takes them one at a time while the controller agrees, and asks the drafter again only
+    once they are used up). Neither (``Draft()``) means the drafter has nothing to propose."""
 
-    position: int
-    max_tokens: int
-    sampling: SamplingParams
-    rng: RandomSource
-    ask: Callable[[DraftStep], bool]
-    costs: Costs
-    cache: KVCache
-    history: torch.Tensor  # [T] long, every committed token, the pending one last
+    logits: torch.Tensor | None = None  # [V]
+    tokens: tuple[int, ...] = ()
 
 
 @runtime_checkable
@@ -153,7 +140,12 @@ class RandomSource(Protocol):
 
 @runtime_checkable
 class Controller(Protocol):
-    """Decides after each draft token whether to draft another; learns from each round."""
+    """Decides before each draft token whether to draft it; learns from each round.
+
+    A controller lives as long as its decoder and may learn across generations; whatever it
+    decides, the output distribution is unchanged (the engine caps drafts at ``max_draft_tokens``
+    and the verifier is lossless).
+    """
 
     def start(self, request: Request) -> None: ...
 
@@ -177,39 +169,70 @@ class Verifier(Protocol):
 
 @runtime_checkable
 class Drafter(Protocol):
-    """Proposes draft tokens; keeps its own state at the committed length.
+    """Takes one draft step at a time; the engine runs the loop, samples, asks the controller.
 
-    ``shared_layers`` is how many of the target's first layers the drafter runs itself over the
-    target's own cache (N for the early-exit drafter, 0 for an independent one). The engine runs
-    those layers over the prompt and hands their output to ``prefill``.
+    ``shared_layers`` is N, how many of the target's first layers the drafter runs itself over the
+    target's own cache (0 for a drafter that needs no target layers). The engine runs those layers
+    over the prompt and hands their output to ``begin``, which returns the drafter's state for one
+    generation; every later call gets that state back, so generations never share drafter state.
 
-    Optional: a drafter whose ``wants_top_states`` is true also gets
-    ``top_states(hidden, position)``, the target's last-layer states ``[1, m, H]`` (before the final
-    norm) at positions ``position .. position + m - 1``: those of the prompt after prefill, and
-    those of [pending, d_1..d_k] after each verification, before ``rollback``. They cost nothing
-    extra: the target computes them anyway.
+    In a round at ``position`` with pending token t_0, ``step(state, t_i, position + i, history)``
+    feeds t_i (the pending token, then each draft) and proposes what follows; ``history`` ``[T]``
+    holds every committed token and the drafts so far. ``finish(state, t_k, position + k)`` feeds
+    the last token without drafting and returns the target's states after N layers for the k + 1
+    inputs ``[1, k+1, H]`` (``None`` when N = 0): verification runs only layers [N, L) on them.
+    Before the round ends, ``rollback(state, length)`` cuts the drafter's state to the committed
+    length. A drafter whose ``reads_top_states`` is true also gets ``top_states(state, hidden,
+    position)``: the target's last-layer states ``[1, m, H]`` (before the final norm) of positions
+    ``position ..``, after the prompt and after each verification, before ``rollback``.
     """
 
     shared_layers: int
+    reads_top_states: bool
 
     def attach(self, adapter: ModelAdapter) -> None: ...
 
-    def prefill(self, cache: KVCache, tokens: torch.Tensor, hidden: torch.Tensor | None) -> None: ...
+    def describe(self) -> str: ...
 
-    def propose(self, pending: int, ctx: DraftContext) -> Proposal: ...
+    def begin(self, cache: KVCache, prompt: torch.Tensor, hidden: torch.Tensor | None) -> Any: ...
 
-    def rollback(self, length: int) -> None: ...
+    def step(self, state: Any, token: int, position: int, history: torch.Tensor) -> Draft: ...
+
+    def finish(self, state: Any, token: int, position: int) -> torch.Tensor | None: ...
+
+    def top_states(self, state: Any, hidden: torch.Tensor, position: int) -> None: ...
+
+    def rollback(self, state: Any, length: int) -> None: ...
 
 
 @runtime_checkable
 class ModelAdapter(Protocol):
-    """One architecture's view of a causal LM: embed, layers [a, b), final norm, LM head."""
+    """One architecture's view of a causal LM: embed, layers [a, b), final norm, LM head.
+
+    Everything eesd does to a model goes through these members, so a new architecture needs only
+    an adapter (hook ``eesd_register_model_adapters``). The factory is called as
+    ``factory(model)``, or ``factory(model, options)`` when it registered an options model, and
+    must have a ``supports(model) -> bool`` class method. Shapes: B rows (sequences), m positions,
+    H hidden size, V vocabulary. ``rotary`` is whatever :meth:`rotary` returned; callers only hand
+    it back. The engine uses the one-sequence members and :meth:`prepare`; the exit head uses
+    :meth:`copy_layer`, :meth:`copy_norm`, :meth:`run_copies`, :meth:`lm_logits` and
+    ``lm_head_weight``; distillation uses :meth:`run_batch` and :meth:`lm_logits`. An adapter of a
+    model that has no layers to copy (a table, say) may raise ``NotImplementedError`` from the exit
+    head's and distillation's members.
+
+    ``model``, ``config``: the wrapped model and its configuration; ``model_type`` names the
+    architecture (it is recorded in exit-head files). ``products`` is the plan of the product of
+    short passes chosen by :meth:`prepare` (``.describe() -> str``); an adapter with no choice to
+    make keeps ``eesd_core.models.products.MatmulPlan()`` there and does nothing in ``prepare``.
+    """
 
     model: Any
     config: Any
+    model_type: str
     num_layers: int
     vocab_size: int
     hidden_size: int
+    products: Any
 
     @property
     def device(self) -> torch.device: ...
@@ -217,19 +240,31 @@ class ModelAdapter(Protocol):
     @property
     def dtype(self) -> torch.dtype: ...
 
-    def mask(
-        self, queries: int, position: int, window: int | None, like: torch.Tensor
-    ) -> torch.Tensor | None: ...
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        """The LM head's weight ``[V, H]``."""
+        ...
 
-    def call_layer(
-        self, layer: Any, hidden: torch.Tensor, mask: torch.Tensor | None, rotary: Any, cache: KVCache
-    ) -> torch.Tensor: ...
+    def prepare(self, max_rows: int) -> None:
+        """Get ready for passes over 1 .. ``max_rows`` positions (choose how they multiply);
+        idempotent and cheap after the first call for a model. The adapter applies its choice
+        itself, pass by pass, in :meth:`run_layers`, :meth:`run_batch` and :meth:`logits`."""
+        ...
 
-    def new_cache(self, num_layers: int | None = None, capacity: int = 64) -> KVCache: ...
+    # -- one sequence (the engine and the drafters) ------------------------------------------------
 
-    def embed(self, tokens: torch.Tensor) -> torch.Tensor: ...
+    def new_cache(self, num_layers: int | None = None, capacity: int = 64) -> KVCache:
+        """An empty cache for ``num_layers`` layers (default: all of the model's)."""
+        ...
 
-    def rotary(self, hidden: torch.Tensor, position: int) -> Any: ...
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Token ids ``[m]`` to input states ``[1, m, H]``; ids ``[B, m]`` to ``[B, m, H]``."""
+        ...
+
+    def rotary(self, hidden: torch.Tensor, position: int | torch.Tensor) -> Any:
+        """Position embeddings for ``hidden`` ``[B, m, H]`` at positions [position, position + m),
+        or at per-row positions ``[B, m]``; passed back to the run methods to avoid recomputing."""
+        ...
 
     def run_layers(
         self,
@@ -239,8 +274,63 @@ class ModelAdapter(Protocol):
         cache: KVCache,
         position: int,
         rotary: Any = None,
-    ) -> torch.Tensor: ...
+    ) -> torch.Tensor:
+        """Layers [start, end) over ``hidden`` ``[1, m, H]`` at positions from ``position`` (the
+        length of those layers' cache), appending to ``cache``; returns ``[1, m, H]``."""
+        ...
 
-    def norm(self, hidden: torch.Tensor) -> torch.Tensor: ...
+    def norm(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The final norm, ``[..., H]`` to ``[..., H]``."""
+        ...
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Normed states ``[1, m, H]`` to the target's logits ``[m, V]``."""
+        ...
+
+    # -- batches (distillation; batched decoding) ---------------------------------------------------
+
+    def lm_logits(self, hidden: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
+        """Normed states ``[..., H]`` to logits ``[..., V]``, through ``weight`` ``[V', H]`` instead
+        of the LM head if given (a vocabulary subset), with whatever the model applies after its
+        head (soft-capping)."""
+        ...
+
+    def run_batch(
+        self,
+        hidden: torch.Tensor,
+        start: int,
+        end: int,
+        cache: KVCache,
+        positions: torch.Tensor,
+        valid: torch.Tensor,
+        rotary: Any = None,
+    ) -> torch.Tensor:
+        """Layers [start, end) over B sequences ``[B, m, H]`` at per-row ``positions`` ``[B, m]``.
+
+        ``valid`` ``[B, total]`` marks the cache slots that hold a key of each row, this pass's m
+        (the last m slots) included; a row's valid keys are its positions 0, 1, ... in slot order
+        (left padding and gaps allowed). Each row computes what it would alone."""
+        ...
+
+    # -- an exit head --------------------------------------------------------------------------------
+
+    def copy_layer(self, index: int, slot: int) -> torch.nn.Module:
+        """A trainable copy of decoder layer ``index`` that writes slot ``slot`` of the cache it is
+        run with, and keeps the kind of that layer (window, rotary)."""
+        ...
+
+    def copy_norm(self) -> torch.nn.Module:
+        """A trainable copy of the final norm."""
+        ...
+
+    def run_copies(
+        self,
+        layers: Any,
+        hidden: torch.Tensor,
+        cache: KVCache,
+        position: int,
+        rotary: Any = None,
+    ) -> torch.Tensor:
+        """Copies made by :meth:`copy_layer`, in order, over ``hidden`` ``[B, m, H]`` at positions
+        from ``position`` (every row alike); returns ``[B, m, H]``."""
+        ...

@@ -1,24 +1,11 @@
-"""What a generation reports: per-round records and the totals of a call."""
+"""What a generation reports: the totals of a call, summed from its rounds' :class:`RoundOutcome`."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-
-@dataclass(frozen=True)
-class RoundStats:
-    """One round: at ``position`` k drafts were made, n accepted, ``tokens`` committed."""
-
-    position: int
-    drafted: int
-    accepted: int
-    tokens: tuple[int, ...]
-    draft_time: float
-    verify_time: float
-    probs: tuple[float, ...] = ()
-    top1: tuple[float, ...] = ()
-    entropies: tuple[float, ...] = ()
+from eesd_core.protocols import RoundOutcome
 
 
 @dataclass
@@ -38,7 +25,7 @@ class GenerationStats:
     total_time: float = 0.0
     stopped_by: str = ""
 
-    def add_round(self, round_: RoundStats) -> None:
+    def add_round(self, round_: RoundOutcome) -> None:
         self.rounds += 1
         self.drafted += round_.drafted
         self.accepted += round_.accepted

@@ -76,8 +76,8 @@ class ThompsonController:
 
     def _begin_round(self, step: DraftStep) -> None:
         """Draw theta for the round; once costs are known, price time and cap probing rounds."""
-        cap = self.options.max_tokens
-        self._limit = step.max_tokens if cap is None else min(step.max_tokens, cap)
+        cap = self.options.max_draft_tokens
+        self._limit = step.max_draft_tokens if cap is None else min(step.max_draft_tokens, cap)
         self._survival = 1.0
         self._times = None
         if self.options.stop_rule == "cost":

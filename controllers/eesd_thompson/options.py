@@ -52,7 +52,7 @@ class ThompsonOptions(PluginOptions):
       every draft were accepted, the chance of a one-draft probe is ``explore / (1 + rounds so
       far)``: about ``explore * ln(rounds)`` probes in all, enough to re-measure costs that a noisy
       first measurement overstated.
-    - ``max_tokens``: an own cap on drafts per round, below the engine's ``max_draft_tokens``.
+    - ``max_draft_tokens``: an own cap on drafts per round, below the engine's.
     - ``seed``: the controller's own random stream; with ``scope="request"`` it restarts at every
       generation, so a generation's decisions depend only on the seed and on what it observes.
       The stream decides only speed, never output: the verifier keeps decoding lossless.
@@ -71,7 +71,7 @@ class ThompsonOptions(PluginOptions):
     edges: tuple[float, ...] | None = None
     probe_tokens: int | None = Field(1, ge=1)
     explore: float = Field(0.3, ge=0.0, le=1.0)
-    max_tokens: int | None = Field(None, ge=0)
+    max_draft_tokens: int | None = Field(None, ge=0)
     seed: int = 0
 
     @field_validator("edges")

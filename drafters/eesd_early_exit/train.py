@@ -29,22 +29,7 @@ import torch.nn.functional as F
 
 from eesd_core.errors import ConfigError
 from eesd_early_exit.data import Sample
-
-
-@dataclass(frozen=True)
-class TrainSettings:
-    """Optimisation settings; the defaults are the recipe measured in our earlier runs."""
-
-    epochs: int = 1
-    lr: float = 1e-3
-    warmup: float = 0.05
-    batch_tokens: int = 300
-    seed: int = 0
-    grad_clip: float = 1.0
-    weight_decay: float = 0.0
-    ce_weight: float = 0.0
-    top_weight: float = 0.0
-    checkpoint_every: int = 200
+from eesd_early_exit.settings import TrainSettings
 
 
 @dataclass
@@ -129,7 +114,7 @@ def distill_loss(
 
 def head_logits(head: Any, lm_weight: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
     """Logits over the head's own vocabulary (the subset, if any) for states ``[n, H]``."""
-    return F.linear(head.norm(hidden), lm_weight)
+    return head.adapter.lm_logits(head.norm(hidden), lm_weight)
 
 
 def forward(head: Any, lm_weight: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -158,8 +143,8 @@ def top_loss(head: Any, states: torch.Tensor, batch: dict[str, torch.Tensor]) ->
 
 
 def frozen_lm_weight(head: Any) -> torch.Tensor:
-    source = head.subset_head if head.subset_head is not None else head.adapter.model.lm_head
-    return source.weight.detach().float()
+    weight = head.subset_head.weight if head.subset_head is not None else head.adapter.lm_head_weight
+    return weight.detach().float()
 
 
 def vocab_map(head: Any) -> torch.Tensor | None:

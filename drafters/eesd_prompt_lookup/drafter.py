@@ -1,36 +1,20 @@
 """The prompt-lookup drafter (``drafter="prompt_lookup"``).
 
-Per round it looks for the longest suffix of the committed tokens, between ``max_ngram`` and
-``min_ngram`` tokens long, that also occurs earlier, takes the most recent such occurrence and
-proposes the tokens that followed it, one at a time while the controller agrees. The drafts are
-deterministic (q = None: each had probability one), so the verifier's acceptance test stays exact at
-any temperature.
+Each draft step looks for the longest suffix of the committed tokens and the drafts so far,
+between ``max_ngram`` and ``min_ngram`` tokens long, that also occurs earlier, takes the most recent
+such occurrence and proposes the tokens that followed it as fixed drafts; the engine takes them one
+at a time while the controller agrees. Fixed drafts have q = 1, so the verifier's acceptance test
+stays exact at any temperature.
 """
 
 from __future__ import annotations
 
 import torch
-from pydantic import Field, model_validator
 
 from eesd_core.cache import KVCache
-from eesd_core.config import PluginOptions
-from eesd_core.protocols import DraftContext, DraftStep, ModelAdapter, Proposal
-
-
-class PromptLookupOptions(PluginOptions):
-    """``max_ngram``, ``min_ngram``: the longest and shortest suffix searched for, longest first.
-
-    How many tokens a round copies is the controller's choice within the engine's draft cap.
-    """
-
-    max_ngram: int = Field(3, ge=1)
-    min_ngram: int = Field(1, ge=1)
-
-    @model_validator(mode="after")
-    def _ordered(self) -> PromptLookupOptions:
-        if self.min_ngram > self.max_ngram:
-            raise ValueError(f"min_ngram ({self.min_ngram}) must not exceed max_ngram ({self.max_ngram})")
-        return self
+from eesd_core.config import MAX_DRAFT_TOKENS_LIMIT
+from eesd_core.protocols import Draft, ModelAdapter
+from eesd_prompt_lookup.options import PromptLookupOptions
 
 
 def find_continuation(history: torch.Tensor, max_ngram: int, min_ngram: int, limit: int) -> list[int]:
@@ -56,6 +40,7 @@ class PromptLookupDrafter:
     """Copies continuations of repeated n-grams; keeps no state beyond the engine's history."""
 
     shared_layers = 0
+    reads_top_states = False
 
     def __init__(self, options: PromptLookupOptions | None = None) -> None:
         self.options = options or PromptLookupOptions()
@@ -63,29 +48,23 @@ class PromptLookupDrafter:
     def attach(self, adapter: ModelAdapter) -> None:
         self.adapter = adapter
 
-    def prefill(self, cache: KVCache, tokens: torch.Tensor, hidden: torch.Tensor | None) -> None:
-        pass
+    def describe(self) -> str:
+        return f"prompt lookup of {self.options.min_ngram}..{self.options.max_ngram}-grams"
 
-    def rollback(self, length: int) -> None:
-        pass
+    def begin(self, cache: KVCache, prompt: torch.Tensor, hidden: torch.Tensor | None) -> None:
+        return None
 
-    def propose(self, pending: int, ctx: DraftContext) -> Proposal:
-        tokens: list[int] = []
-        if ctx.ask(DraftStep(0, ctx.max_tokens, ctx.costs)):
-            found = find_continuation(
-                ctx.history, self.options.max_ngram, self.options.min_ngram, ctx.max_tokens
-            )
-            for token in found:
-                tokens.append(token)
-                step = DraftStep(len(tokens), ctx.max_tokens, ctx.costs, token, 1.0, 1.0, 0.0)
-                if len(tokens) == len(found) or not ctx.ask(step):
-                    break
-        k = len(tokens)
-        return Proposal(
-            tokens=torch.tensor(tokens, dtype=torch.long),
-            q=None,
-            hidden=None,
-            layers_done=0,
-            top1=(1.0,) * k,
-            entropies=(0.0,) * k,
+    def step(self, state: None, token: int, position: int, history: torch.Tensor) -> Draft:
+        o = self.options
+        return Draft(
+            tokens=tuple(find_continuation(history, o.max_ngram, o.min_ngram, MAX_DRAFT_TOKENS_LIMIT))
         )
+
+    def finish(self, state: None, token: int, position: int) -> None:
+        return None
+
+    def top_states(self, state: None, hidden: torch.Tensor, position: int) -> None:
+        pass
+
+    def rollback(self, state: None, length: int) -> None:
+        pass

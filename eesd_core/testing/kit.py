@@ -56,8 +56,8 @@ class KitPlugin:
         self._subject("verifier", register)
 
     @hookimpl
-    def eesd_round_end(self, stats: Any) -> None:
-        self.rounds.append(stats)
+    def eesd_round_end(self, outcome: Any) -> None:
+        self.rounds.append(outcome)
 
 
 @contextmanager
@@ -102,7 +102,7 @@ class Setup:
     controller_options: dict[str, Any] = field(default_factory=dict)
     verifier_options: dict[str, Any] = field(default_factory=dict)
     max_draft_tokens: int = 3
-    matmul: str = "auto"
+    adapter_options: dict[str, Any] = field(default_factory=dict)
 
     def subjects(self) -> dict[str, Callable[[], Any]]:
         parts = {"drafter": self.drafter, "controller": self.controller, "verifier": self.verifier}
@@ -121,5 +121,5 @@ class Setup:
             verifier=self._name(self.verifier) or "lossless",
             verifier_options=self.verifier_options,
             max_draft_tokens=self.max_draft_tokens,
-            matmul=self.matmul,
+            adapter_options=self.adapter_options,
         )

@@ -111,18 +111,18 @@ def costs(draw: st.DrawFn) -> Costs:
 
 
 @st.composite
-def draft_steps(draw: st.DrawFn, max_tokens: int | None = None) -> DraftStep:
+def draft_steps(draw: st.DrawFn, max_draft_tokens: int | None = None) -> DraftStep:
     """A step as the engine hands it to ``should_continue``: index 0 carries no draft."""
-    limit = draw(st.integers(1, 64)) if max_tokens is None else max_tokens
+    limit = draw(st.integers(1, 64)) if max_draft_tokens is None else max_draft_tokens
     index = draw(st.integers(0, limit))
-    step = DraftStep(index, limit, draw(costs()))
+    step = DraftStep(index=index, max_draft_tokens=limit, costs=draw(costs()))
     if not index:
         return step
     top1 = draw(_PROB)
     return DraftStep(
-        index,
-        limit,
-        step.costs,
+        index=index,
+        max_draft_tokens=limit,
+        costs=step.costs,
         token=draw(st.integers(0, 50_000)),
         prob=draw(_PROB) * top1,
         top1=top1,
@@ -145,10 +145,13 @@ def requests(draw: st.DrawFn) -> Request:
 def round_outcomes(draw: st.DrawFn) -> RoundOutcome:
     """What ``update`` receives: k drafted (maybe 0), n <= k accepted, confidences for each draft."""
     k = draw(st.integers(0, 64))
+    n = draw(st.integers(0, k))
     per_draft = st.lists(_PROB, min_size=k, max_size=k)
     return RoundOutcome(
+        position=draw(st.integers(0, 4096)),
         drafted=k,
-        accepted=draw(st.integers(0, k)),
+        accepted=n,
+        tokens=tuple(draw(st.lists(st.integers(0, 50_000), min_size=n + 1, max_size=n + 1))),
         probs=tuple(draw(per_draft)),
         top1=tuple(draw(per_draft)),
         entropies=tuple(draw(st.lists(st.floats(0.0, 12.0), min_size=k, max_size=k))),

@@ -10,7 +10,7 @@ cache, a cache that was not rolled back, or a layer run twice or skipped, change
 oracles can compare probabilities to 1e-12.
 
 :class:`ToyDrafter` is an independent drafter (``shared_layers = 0``) that samples from the draft
-table; with ``deterministic=True`` it proposes the draft table's argmax with ``q=None``.
+table; with ``deterministic=True`` it proposes the draft table's argmax as a fixed draft (q = 1).
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ import torch
 
 from eesd_core.cache import KVCache
 from eesd_core.config import PluginOptions
-from eesd_core.protocols import DraftContext, DraftStep, ModelAdapter, Proposal, SamplingParams
-from eesd_core.sampling import confidence, process_logits
+from eesd_core.models.products import MatmulPlan
+from eesd_core.protocols import Draft, ModelAdapter, SamplingParams
+from eesd_core.sampling import process_logits
 from eesd_core.testing.errors import KitError, ToyInvariantError
 
 
@@ -89,6 +90,8 @@ class ToyAdapter:
     def __init__(self, model: ToyModel) -> None:
         self.model = model
         self.config = model.config
+        self.model_type = "eesd_toy"
+        self.products = MatmulPlan()
         self.num_layers = model.num_layers
         self.vocab_size = model.vocab_size
         self.hidden_size = 2 + model.window
@@ -99,17 +102,22 @@ class ToyAdapter:
     def supports(cls, model: Any) -> bool:
         return isinstance(model, ToyModel)
 
+    def prepare(self, max_rows: int) -> None:
+        """Tables have no products to choose."""
+
     def new_cache(self, num_layers: int | None = None, capacity: int = 64) -> KVCache:
         return KVCache(self.num_layers if num_layers is None else num_layers, capacity)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        """``[m]`` ids to ``[1, m, H]``: depth 0, the token, an unknown (-1) window."""
-        hidden = torch.full((1, tokens.numel(), self.hidden_size), -1.0, dtype=torch.float64)
-        hidden[0, :, 0] = 0.0
-        hidden[0, :, 1] = tokens.view(-1).to(torch.float64)
+        """``[m]`` ids to ``[1, m, H]`` (``[B, m]`` to ``[B, m, H]``): depth 0, the token, an
+        unknown (-1) window."""
+        rows = tokens.view(1, -1) if tokens.dim() == 1 else tokens
+        hidden = torch.full((*rows.shape, self.hidden_size), -1.0, dtype=torch.float64)
+        hidden[:, :, 0] = 0.0
+        hidden[:, :, 1] = rows.to(torch.float64)
         return hidden
 
-    def rotary(self, hidden: torch.Tensor, position: int) -> None:
+    def rotary(self, hidden: torch.Tensor, position: int | torch.Tensor) -> None:
         return None
 
     def run_layers(
@@ -161,6 +169,25 @@ class ToyAdapter:
             rows.append(table[self.model.row(window)])
         return torch.stack(rows)
 
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        raise NotImplementedError("a toy model is tables: it has no LM head to share")
+
+    def lm_logits(self, hidden: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
+        raise NotImplementedError("a toy model has no LM head: exit heads need a real model")
+
+    def run_batch(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        raise NotImplementedError("the toy adapter runs one sequence at a time")
+
+    def copy_layer(self, index: int, slot: int) -> torch.nn.Module:
+        raise NotImplementedError("a toy model's layers are tables: there is nothing to copy")
+
+    def copy_norm(self) -> torch.nn.Module:
+        raise NotImplementedError("a toy model has no norm to copy")
+
+    def run_copies(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        raise NotImplementedError("a toy model's layers are tables: there are no copies to run")
+
 
 class ToyDrafterOptions(PluginOptions):
     """``deterministic``: propose the draft table's argmax and pass ``q=None``, like prompt lookup."""
@@ -169,9 +196,10 @@ class ToyDrafterOptions(PluginOptions):
 
 
 class ToyDrafter:
-    """An independent drafter over a :class:`ToyModel`'s draft table (``layers_done = 0``)."""
+    """An independent drafter over a :class:`ToyModel`'s draft table (``shared_layers = 0``)."""
 
     shared_layers = 0
+    reads_top_states = False
 
     def __init__(self, options: ToyDrafterOptions | None = None) -> None:
         self.deterministic = (options or ToyDrafterOptions()).deterministic
@@ -181,37 +209,23 @@ class ToyDrafter:
             raise KitError("The toy drafter drafts only for a ToyModel target.")
         self.model = adapter.model
 
-    def prefill(self, cache: KVCache, tokens: torch.Tensor, hidden: torch.Tensor | None) -> None:
+    def describe(self) -> str:
+        return "the toy model's draft table" + (" (argmax)" if self.deterministic else "")
+
+    def begin(self, cache: KVCache, prompt: torch.Tensor, hidden: torch.Tensor | None) -> None:
+        return None
+
+    def step(self, state: None, token: int, position: int, history: torch.Tensor) -> Draft:
+        logits = self.model.logits(history.tolist(), draft=True)  # [V]
+        if self.deterministic:
+            return Draft(tokens=(int(logits.argmax()),))
+        return Draft(logits=logits)
+
+    def finish(self, state: None, token: int, position: int) -> None:
+        return None
+
+    def top_states(self, state: None, hidden: torch.Tensor, position: int) -> None:
         pass
 
-    def rollback(self, length: int) -> None:
+    def rollback(self, state: None, length: int) -> None:
         pass
-
-    def propose(self, pending: int, ctx: DraftContext) -> Proposal:
-        history = ctx.history.tolist()
-        tokens: list[int] = []
-        rows: list[torch.Tensor] = []
-        top1: list[float] = []
-        entropies: list[float] = []
-        go = ctx.ask(DraftStep(0, ctx.max_tokens, ctx.costs))
-        while go:
-            logits = self.model.logits(history + tokens, draft=True)  # [V]
-            if ctx.sampling.greedy or self.deterministic:
-                token, probs = int(logits.argmax()), torch.softmax(logits, -1)
-            else:
-                probs = process_logits(logits[None], ctx.sampling)[0]
-                token = ctx.rng.categorical(probs)
-                rows.append(probs)
-            prob, top, entropy = confidence(probs, token)
-            tokens.append(token)
-            top1.append(top)
-            entropies.append(entropy)
-            go = ctx.ask(DraftStep(len(tokens), ctx.max_tokens, ctx.costs, token, prob, top, entropy))
-        return Proposal(
-            tokens=torch.tensor(tokens, dtype=torch.long),
-            q=torch.stack(rows) if rows else None,
-            hidden=None,
-            layers_done=0,
-            top1=tuple(top1),
-            entropies=tuple(entropies),
-        )

@@ -16,8 +16,9 @@ from eesd_baselines import (
     UcbOptions,
 )
 from eesd_baselines.confidence import roc_threshold
+from outcomes import outcome as record
 
-from eesd_core.protocols import Costs, DraftStep, Request, RoundOutcome, SamplingParams
+from eesd_core.protocols import Costs, DraftStep, Request, SamplingParams
 from eesd_core.registry import get_manager
 
 COSTS = Costs()
@@ -29,7 +30,7 @@ def request(max_draft=8):
 
 def drafts(ctrl, limit=8, confs=()):
     """How many drafts the controller makes in a round; draft i has confidence confs[i] (0.9)."""
-    k, step = 0, DraftStep(0, limit, COSTS)
+    k, step = 0, DraftStep(index=0, max_draft_tokens=limit, costs=COSTS)
     while k < limit and ctrl.should_continue(step):
         c = confs[k] if k < len(confs) else 0.9
         k += 1
@@ -39,7 +40,7 @@ def drafts(ctrl, limit=8, confs=()):
 
 def outcome(k, n, confs=None, seconds=1.0):
     confs = tuple(confs) if confs is not None else (0.9,) * k
-    return RoundOutcome(k, n, confs, confs, tuple(1 - c for c in confs), seconds / 2, seconds / 2, COSTS)
+    return record(k, n, confs, confs, tuple(1 - c for c in confs), seconds / 2, seconds / 2, COSTS)
 
 
 def test_every_baseline_is_registered():

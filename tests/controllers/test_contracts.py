@@ -8,7 +8,7 @@ from eesd_core.testing import ControllerContract, registered
 
 SETTINGS = [
     ("thompson", {"variant": "beta", "stop_rule": "bernoulli", "resample": "step", "scope": "request"}),
-    ("thompson", {"failures": "all", "probe_tokens": None, "signal": "entropy", "max_tokens": 1}),
+    ("thompson", {"failures": "all", "probe_tokens": None, "signal": "entropy", "max_draft_tokens": 1}),
     ("confidence", {"adaptive": True, "signal": "top1"}),
     ("ema", {"warmup": 0, "interval": 1, "min_steps": 0}),
 ]

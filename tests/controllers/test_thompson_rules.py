@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 from eesd_thompson import ThompsonController, ThompsonOptions
 from eesd_thompson.rule import best_rate, draft_on, expected_tokens
+from outcomes import outcome
 
 from eesd_core.config import validate
 from eesd_core.errors import ConfigError
-from eesd_core.protocols import Costs, DraftStep, Request, RoundOutcome, SamplingParams
+from eesd_core.protocols import Costs, DraftStep, Request, SamplingParams
 
 CHEAP = Costs(draft_step=0.01, propose_base=0.0, verify=lambda m: 0.1)  # drafting nearly free
 DEAR = Costs(draft_step=0.1, propose_base=0.0, verify=lambda m: 0.1)  # a draft costs a forward
@@ -17,12 +18,12 @@ DEAR = Costs(draft_step=0.1, propose_base=0.0, verify=lambda m: 0.1)  # a draft 
 def run_round(ctrl, costs=CHEAP, limit=8, accepted=None, conf=0.9):
     """Ask the controller through one round; returns k. ``accepted=None`` accepts everything."""
     k = 0
-    step = DraftStep(0, limit, costs)
+    step = DraftStep(index=0, max_draft_tokens=limit, costs=costs)
     while ctrl.should_continue(step):
         k += 1
         step = DraftStep(k, limit, costs, 5, conf, conf, 1 - conf)
     n = k if accepted is None else min(k, accepted)
-    ctrl.update(RoundOutcome(k, n, (conf,) * k, (conf,) * k, (1 - conf,) * k, 0.0, 0.0, costs))
+    ctrl.update(outcome(k, n, (conf,) * k, (conf,) * k, (1 - conf,) * k, 0.0, 0.0, costs))
     return k
 
 
@@ -103,13 +104,13 @@ def test_calibration_stops_after_a_doubtful_draft():
     ctrl.kinds_seen |= {0, 1}
     for _ in range(60):  # confident drafts are accepted, doubtful ones never
         conf = (0.95, 0.95, 0.1)
-        ctrl.update(RoundOutcome(3, 2, conf, conf, (0.1, 0.1, 2.0), 0.0, 0.0, CHEAP))
+        ctrl.update(outcome(3, 2, conf, conf, (0.1, 0.1, 2.0), 0.0, 0.0, CHEAP))
     assert run_round(ctrl, conf=0.95) >= 4
     assert run_round(ctrl, conf=0.05) == 1
 
 
 def test_own_cap_is_respected():
-    ctrl = started(alpha0=50, beta0=1, max_tokens=2)
+    ctrl = started(alpha0=50, beta0=1, max_draft_tokens=2)
     ctrl.kinds_seen |= {0, 1}
     assert run_round(ctrl) == 2
 

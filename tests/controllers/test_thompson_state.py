@@ -7,8 +7,9 @@ from eesd_thompson import ThompsonController, ThompsonOptions
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from outcomes import outcome
 
-from eesd_core.protocols import Costs, DraftStep, Request, RoundOutcome, SamplingParams
+from eesd_core.protocols import Costs, DraftStep, Request, SamplingParams
 
 COSTS = Costs(draft_step=0.01, propose_base=0.01, verify=lambda m: 0.05 + 0.002 * m)
 options = st.builds(
@@ -22,7 +23,7 @@ options = st.builds(
     scope=st.sampled_from(["request", "global"]),
     decay=st.floats(0.01, 1.0),
     carry=st.none() | st.floats(0, 20),
-    max_tokens=st.none() | st.integers(0, 6),
+    max_draft_tokens=st.none() | st.integers(0, 6),
     seed=st.integers(0, 2**16),
 )
 confidences = st.floats(0.0, 1.0)
@@ -62,18 +63,18 @@ class ThompsonMachine(RuleBasedStateMachine):
           accepted=st.integers(0, 8))
     def round(self, limit: int, known: bool, conf: list[float], accepted: int) -> None:
         costs = COSTS if known else Costs()
-        k, step = 0, DraftStep(0, limit, costs)
+        k, step = 0, DraftStep(index=0, max_draft_tokens=limit, costs=costs)
         while True:
             decision = self.ctrl.should_continue(step)
             assert isinstance(decision, bool)
             if not decision:
                 break
-            assert k < limit and (self.opts.max_tokens is None or k < self.opts.max_tokens)
+            assert k < limit and (self.opts.max_draft_tokens is None or k < self.opts.max_draft_tokens)
             k += 1
             step = DraftStep(k, limit, costs, 3, conf[k - 1], conf[k - 1], 1 - conf[k - 1])
         n = min(accepted, k)
         seen = tuple(conf[:k])
-        self.ctrl.update(RoundOutcome(k, n, seen, seen, seen, 0.01, 0.05, costs))
+        self.ctrl.update(outcome(k, n, seen, seen, seen, 0.01, 0.05, costs))
         if k:
             self.alpha += n
             self.beta += (k - n) if self.opts.failures == "all" else float(n < k)
@@ -103,8 +104,8 @@ TestThompsonMachine = ThompsonMachine.TestCase
 def test_more_accepted_drafts_never_lower_the_posterior_mean(opts, accepted, extra):
     low, high = ThompsonController(opts), ThompsonController(opts)
     k = accepted + extra
-    low.update(RoundOutcome(k, accepted, (0.5,) * k, (0.5,) * k, (0.5,) * k, 0.0, 0.0, COSTS))
-    high.update(RoundOutcome(k, min(k, accepted + 1), (0.5,) * k, (0.5,) * k, (0.5,) * k, 0.0, 0.0, COSTS))
+    low.update(outcome(k, accepted, (0.5,) * k, (0.5,) * k, (0.5,) * k, 0.0, 0.0, COSTS))
+    high.update(outcome(k, min(k, accepted + 1), (0.5,) * k, (0.5,) * k, (0.5,) * k, 0.0, 0.0, COSTS))
     assert high.posterior.mean >= low.posterior.mean
     assert high.posterior.alpha > low.posterior.alpha and high.posterior.beta <= low.posterior.beta
 
@@ -115,6 +116,6 @@ def test_calibration_buckets_count_judged_drafts_only(opts, conf, accepted):
     ctrl = ThompsonController(opts.model_copy(update={"variant": "calibration"}))
     k, n = len(conf), min(accepted, len(conf))
     before = sum(c.alpha + c.beta for c in ctrl.buckets.cells)
-    ctrl.update(RoundOutcome(k, n, tuple(conf), tuple(conf), tuple(conf), 0.0, 0.0, COSTS))
+    ctrl.update(outcome(k, n, tuple(conf), tuple(conf), tuple(conf), 0.0, 0.0, COSTS))
     after = sum(c.alpha + c.beta for c in ctrl.buckets.cells)
     assert after - before == pytest.approx(min(n + 1, k))

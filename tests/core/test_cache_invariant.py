@@ -82,22 +82,22 @@ def test_cache_holds_committed_tokens_after_every_round(family: str, with_test_p
     dec.drafter.head = ExitHead(dec.adapter, exit_layer=2, num_layers=1)
     ids = torch.tensor([[5, 9, 4, 17]])
     rounds = 0
-    for _ in dec.stream(ids, max_new_tokens=120, eos_token_id=[]):
-        state = dec.state
-        committed = len(state.history)
-        if not state.done:
-            assert state.cache.lengths == [committed - 1] * 5
-            assert dec.drafter.exit_length() == committed - 1
+    generation = dec.stream(ids, max_new_tokens=120, eos_token_id=[])
+    for _ in generation:
+        committed, state = generation.length, generation.draft_state
+        if not generation.done:
+            assert generation.cache.lengths == [committed - 1] * 5
+            assert state.exit_cache.lengths[0] + state.deferred_count == committed - 1
         rounds += 1
-    assert rounds > 30 and 0 < dec.last_stats.accepted < dec.last_stats.drafted
+    assert rounds > 30 and 0 < generation.stats.accepted < generation.stats.drafted
 
-    history = dec.state.history
+    history = generation.sequence
     final = len(history) - 1
     expected = _reference_keys(model, history[:final])
-    dec.state.cache.crop(final)
+    generation.cache.crop(final)
     for layer, keys in enumerate(expected):
-        assert dec.state.cache.lengths[layer] == final
-        ours = dec.state.cache.keys[layer][:, :, :final]
+        assert generation.cache.lengths[layer] == final
+        ours = generation.cache.keys[layer][:, :, :final]
         torch.testing.assert_close(ours, keys, rtol=1e-10, atol=1e-10)
 
 
@@ -113,12 +113,12 @@ def test_exit_cache_matches_a_fresh_pass(with_test_plugins: None) -> None:
     )
     head = ExitHead(dec.adapter, exit_layer=2, num_layers=1)
     dec.drafter.head = head
-    chunks = list(dec.stream(torch.tensor([[3, 8, 6]]), max_new_tokens=60, eos_token_id=[]))
-    assert chunks
-    history = dec.state.history
+    generation = dec.stream(torch.tensor([[3, 8, 6]]), max_new_tokens=60, eos_token_id=[])
+    assert list(generation)
+    history, state = generation.sequence, generation.draft_state
     with torch.inference_mode():
-        dec.drafter._flush()
-    length = min(dec.drafter.exit_cache.lengths[0], len(history) - 1)
+        dec.drafter._flush(state)
+    length = min(state.exit_cache.lengths[0], len(history) - 1)
     with torch.no_grad():
         fresh_target = dec.adapter.new_cache()
         x = dec.adapter.embed(torch.tensor(history[:length]))
@@ -126,7 +126,7 @@ def test_exit_cache_matches_a_fresh_pass(with_test_plugins: None) -> None:
         fresh_exit = head.new_cache()
         head.hidden(h, 0, fresh_exit, None)
     torch.testing.assert_close(
-        dec.drafter.exit_cache.keys[0][:, :, :length],
+        state.exit_cache.keys[0][:, :, :length],
         fresh_exit.keys[0][:, :, :length],
         rtol=1e-10,
         atol=1e-10,

@@ -381,7 +381,7 @@ def test_cli_command_is_registered(tmp_path: Path) -> None:
     args = build_parser().parse_args(
         ["distill", "--exit-layer", "2", "--out", "h.safetensors", "--epochs", "3"]
     )
-    assert args.func.__name__ == "run_distill" and args.epochs == 3 and args.lr == 1e-3
+    assert args.func.__module__ == "eesd_early_exit.command" and args.epochs == 3 and args.lr == 1e-3
     assert main(["distill", "--model", str(tmp_path)]) == 1
 
 

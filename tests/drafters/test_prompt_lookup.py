@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from eesd_prompt_lookup import PromptLookupDrafter, PromptLookupOptions, find_continuation
+from eesd_prompt_lookup import PromptLookupOptions, find_continuation
 
 from eesd_core import SpeculativeDecoder
 from eesd_core.errors import EESDError
-from eesd_core.protocols import Costs, DraftContext, DraftStep, SamplingParams
-from eesd_core.testing import DrafterContract, registered
+from eesd_core.protocols import DraftStep
+from eesd_core.testing import DrafterContract, Setup, ToyModel, installed, registered
 
 
 def _find(tokens: list[int], max_ngram: int = 3, min_ngram: int = 1, limit: int = 8) -> list[int]:
@@ -52,48 +52,79 @@ def test_options_are_checked(tiny) -> None:
 
 
 class _Script:
-    """A controller that answers from a list and records the steps it was shown."""
+    """A controller that answers from a list (then yes) and records the steps of each round."""
 
     def __init__(self, answers: list[bool]) -> None:
         self.answers = list(answers)
-        self.steps: list[DraftStep] = []
+        self.rounds: list[list[DraftStep]] = []
 
-    def __call__(self, step: DraftStep) -> bool:
-        self.steps.append(step)
+    def start(self, request: object) -> None:
+        pass
+
+    def should_continue(self, step: DraftStep) -> bool:
+        if step.index == 0:
+            self.rounds.append([])
+        self.rounds[-1].append(step)
         return self.answers.pop(0) if self.answers else True
 
+    def update(self, outcome: object) -> None:
+        pass
 
-def _propose(history: list[int], answers: list[bool], max_tokens: int = 8) -> tuple[list[int], _Script]:
-    script = _Script(answers)
-    ctx = DraftContext(
-        len(history) - 1, max_tokens, SamplingParams(), None, script, Costs(), None, torch.tensor(history)
+
+class _Recorder:
+    """The lossless verifier, recording the drafts and q of every round."""
+
+    def __init__(self) -> None:
+        self.inner = registered("verifier", "lossless")()
+        self.seen: list[tuple[list[int], object]] = []
+
+    def verify(self, draft_tokens, q, p, rng):  # noqa: ANN001, ANN201
+        self.seen.append((draft_tokens.tolist(), q))
+        return self.inner.verify(draft_tokens, q, p, rng)
+
+
+def _first_round(history: list[int], answers: list[bool], cap: int = 8) -> tuple[list[int], list[DraftStep]]:
+    """The drafts of the engine's first round after ``history`` and the steps the controller saw."""
+    script, recorder = _Script(answers), _Recorder()
+    model = ToyModel(torch.ones(1, 12), window=0)
+    setup = Setup(
+        model,
+        drafter="prompt_lookup",
+        controller=lambda: script,
+        verifier=lambda: recorder,
+        max_draft_tokens=cap,
     )
-    proposal = PromptLookupDrafter().propose(history[-1], ctx)
-    assert proposal.q is None and proposal.hidden is None and proposal.layers_done == 0
-    assert proposal.top1 == (1.0,) * proposal.k and proposal.entropies == (0.0,) * proposal.k
-    return proposal.tokens.tolist(), script
+    with installed(setup.subjects()) as kit:
+        setup.build().generate(history, max_new_tokens=cap + 1, eos_token_id=[])
+    steps = script.rounds[0]
+    first = kit.rounds[0]
+    drafts, q = recorder.seen[0]
+    assert q is None and [s.token for s in steps[1:]] == drafts[: len(steps) - 1]
+    assert first.drafted == len(drafts) and first.probs == (1.0,) * len(drafts)
+    assert first.top1 == (1.0,) * len(drafts) and first.entropies == (0.0,) * len(drafts)
+    return drafts, steps
 
 
 def test_asks_before_the_first_draft_and_after_each() -> None:
-    history = [5, 6, 7, 8, 9, 5, 6, 7]
-    tokens, script = _propose(history, [True, True, False])
-    assert tokens == [8, 9]
-    assert [s.index for s in script.steps] == [0, 1, 2]
-    assert script.steps[1].token == 8 and script.steps[1].prob == 1.0 and script.steps[1].entropy == 0.0
+    drafts, steps = _first_round([5, 6, 7, 8, 9, 5, 6, 7], [True, True, False])
+    assert drafts == [8, 9]
+    assert [s.index for s in steps] == [0, 1, 2]
+    assert steps[1].token == 8 and steps[1].prob == 1.0 and steps[1].entropy == 0.0
 
 
 def test_a_plain_step_when_the_controller_declines() -> None:
-    tokens, script = _propose([5, 6, 7, 8, 9, 5, 6, 7], [False])
-    assert tokens == [] and len(script.steps) == 1
+    drafts, steps = _first_round([5, 6, 7, 8, 9, 5, 6, 7], [False])
+    assert drafts == [] and len(steps) == 1
 
 
-def test_stops_at_max_tokens_and_when_the_continuation_ends() -> None:
-    tokens, _ = _propose([5, 6, 7, 8, 9, 5, 6, 7], [], max_tokens=3)
-    assert tokens == [8, 9, 5]
-    tokens, script = _propose([1, 2, 9, 4, 2, 3, 2], [])
-    assert tokens == [3, 2] and len(script.steps) == 2
-    tokens, _ = _propose([1, 2, 3, 4], [])
-    assert tokens == []
+def test_stops_at_the_cap_and_looks_again_when_a_continuation_ends() -> None:
+    drafts, _ = _first_round([5, 6, 7, 8, 9, 5, 6, 7], [], cap=3)
+    assert drafts == [8, 9, 5]
+    # 2 3 2 recurs; once its continuation 3 2 is drafted, the suffix 2 3 2 is found again
+    drafts, _ = _first_round([1, 2, 9, 4, 2, 3, 2], [], cap=6)
+    assert drafts == [3, 2, 3, 2, 3, 2]
+    drafts, steps = _first_round([1, 2, 3, 4], [])
+    assert drafts == [] and len(steps) == 1
 
 
 def _repetitive_prompt(vocab: int, seed: int) -> torch.Tensor:
@@ -121,8 +152,8 @@ def test_drafts_respect_the_engine_cap(tiny) -> None:
     dec = SpeculativeDecoder(
         model, drafter="prompt_lookup", controller="fixed", controller_options={"k": 8}, max_draft_tokens=2
     )
-    dec.generate(_repetitive_prompt(23, 1), max_new_tokens=30, eos_token_id=[])
-    assert len(dec.last_stats.drafted_by_position) <= 2
+    out = dec.generate(_repetitive_prompt(23, 1), max_new_tokens=30, eos_token_id=[])
+    assert 0 < len(out.stats.drafted_by_position) <= 2
 
 
 class TestPromptLookupContract(DrafterContract):

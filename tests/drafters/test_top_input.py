@@ -139,10 +139,11 @@ def _reference_q(model, head, tokens: list[int], position: int, drafts: list[int
 
 
 class Pattern:
-    """Drafts k = 0, 3, 0, 0, 1, 4, 2, ... in turn: plain rounds between drafting ones."""
+    """Drafts k = 0, 3, 0, 0, 1, 4, 2, ... in turn: plain rounds between drafting ones; records
+    where each round started."""
 
     def __init__(self, ks: list[int]) -> None:
-        self.ks, self.round = ks, 0
+        self.ks, self.round, self.positions = ks, 0, []
 
     def start(self, request) -> None:
         self.round = 0
@@ -152,34 +153,38 @@ class Pattern:
 
     def update(self, outcome) -> None:
         self.round += 1
+        self.positions.append(outcome.position)
+
+
+class Recorder:
+    """The lossless verifier, recording the drafts and q it was handed."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.seen = inner, []
+
+    def verify(self, draft_tokens, q, p, rng):
+        self.seen.append((draft_tokens.tolist(), q))
+        return self.inner.verify(draft_tokens, q, p, rng)
 
 
 @pytest.mark.parametrize("ks", [[3], [0, 3, 0, 0, 1, 4, 2]], ids=["k3", "mixed"])
 def test_every_draft_distribution_matches_a_fresh_computation(model64, head64, ks) -> None:
     dec = SpeculativeDecoder(model64, drafter_options={"head": str(head64)}, max_draft_tokens=4)
-    dec.controller = Pattern(ks)
-    assert dec.drafter.wants_top_states
-    rounds = []
-    propose = dec.drafter.propose
-
-    def spy(pending, ctx):
-        proposal = propose(pending, ctx)
-        rounds.append((ctx.history.tolist(), ctx.position, proposal))
-        return proposal
-
-    dec.drafter.propose = spy
+    assert dec.drafter.reads_top_states
     sampling = SamplingParams(1.0)
-    for seed, prompt in enumerate([[3, 1, 4, 1, 5], [9, 2], [7]]):
-        dec.generate(prompt, max_new_tokens=24, temperature=1.0, seed=seed, eos_token_id=[])
     checked = 0
-    for history, position, proposal in rounds:
-        if proposal.k == 0:
-            continue
-        expected = _reference_q(
-            model64, dec.drafter.head, history, position, proposal.tokens.tolist(), sampling
-        )
-        torch.testing.assert_close(proposal.q, expected, atol=1e-10, rtol=1e-9)
-        checked += proposal.k
+    for seed, prompt in enumerate([[3, 1, 4, 1, 5], [9, 2], [7]]):
+        dec.controller, dec.verifier = Pattern(ks), Recorder(dec.verifier)
+        out = dec.generate(prompt, max_new_tokens=24, temperature=1.0, seed=seed, eos_token_id=[])
+        sequence = out.sequences[0].tolist()
+        for position, (drafts, q) in zip(dec.controller.positions, dec.verifier.seen, strict=True):
+            if not drafts:
+                continue
+            history = sequence[: position + 1]
+            expected = _reference_q(model64, dec.drafter.head, history, position, drafts, sampling)
+            torch.testing.assert_close(q, expected, atol=1e-10, rtol=1e-9)
+            checked += len(drafts)
+        dec.verifier = dec.verifier.inner
     assert checked >= 30
 
 
@@ -236,7 +241,7 @@ def test_head_files_say_their_input(model64, head64, tmp_path: Path) -> None:
     plain = save_head(ExitHead(adapter, EXIT), adapter, tmp_path / "plain.safetensors")
     assert read_metadata(plain)["exit_input"] == "hidden"
     dec = SpeculativeDecoder(model64, drafter_options={"head": str(plain)})
-    assert not dec.drafter.wants_top_states
+    assert not dec.drafter.reads_top_states
     # a file that needs an input this version does not know is refused before any tensor is read
     from safetensors import safe_open
     from safetensors.torch import save_file

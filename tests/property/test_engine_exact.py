@@ -14,7 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eesd_core.engine import SpeculativeDecoder
+from eesd_core.generation import Generation
 from eesd_core.protocols import SamplingParams
 from eesd_core.testing import strategies as es
 from eesd_core.testing.checks import check_greedy, check_lossless
@@ -78,10 +78,10 @@ def test_a_longer_horizon_with_many_drafts():
 
 
 def test_an_engine_that_forgets_to_roll_back_is_caught(monkeypatch):
-    def rollback(self, g, length):
-        g.cache.crop(length, start=self.drafter.shared_layers)  # layers [0, N) keep rejected drafts
+    def rollback(self, length):
+        self.cache.crop(length, start=self.decoder.drafter.shared_layers)  # [0, N) keep rejected drafts
 
-    monkeypatch.setattr(SpeculativeDecoder, "_rollback", rollback)
+    monkeypatch.setattr(Generation, "_rollback", rollback)
     model = ToyModel(torch.tensor([[1.0, 2.0], [3.0, 1.0], [1.0, 1.0]]), torch.ones(3, 2), window=1)
     with pytest.raises(ToyInvariantError, match="rolled back"):
         engine_distribution(Setup(model, drafter="early_exit", controller=always), [0], 3)

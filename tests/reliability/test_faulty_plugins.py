@@ -11,7 +11,7 @@ from tinymodels import make_tiny
 
 from eesd_core import SpeculativeDecoder, hookimpl
 from eesd_core.errors import NumericalError, PluginFault
-from eesd_core.protocols import Proposal
+from eesd_core.protocols import Draft
 from eesd_core.registry import get_manager, reset_manager
 
 
@@ -45,16 +45,19 @@ class _BadDrafter(EarlyExitDrafter):
 
     mode = "vocab"
 
-    def propose(self, pending, ctx):  # noqa: ANN001, ANN201
-        proposal = super().propose(pending, ctx)
+    def step(self, state, token, position, history):  # noqa: ANN001, ANN201
+        draft = super().step(state, token, position, history)
         if self.mode == "vocab":
-            return Proposal(proposal.tokens + 10_000, proposal.q, proposal.hidden, proposal.layers_done)
-        if self.mode == "q_sum":
-            q = torch.full((proposal.k, self.adapter.vocab_size), 0.5, dtype=torch.float64)
-            return Proposal(proposal.tokens, q, proposal.hidden, proposal.layers_done)
-        if self.mode == "too_many":
-            return Proposal(torch.zeros(ctx.max_tokens + 1, dtype=torch.long), None, None, 0)
-        return "not a proposal"
+            return Draft(tokens=(self.adapter.vocab_size + 10_000,))
+        if self.mode == "logits":
+            return Draft(logits=draft.logits[:-1])
+        if self.mode == "type":
+            return "not a draft"
+        return draft
+
+    def finish(self, state, token, position):  # noqa: ANN001, ANN201
+        hidden = super().finish(state, token, position)
+        return hidden[:, :-1] if self.mode == "hidden" else hidden
 
 
 class _GreedyVerifier:
@@ -121,16 +124,16 @@ def test_controller_that_never_stops_is_capped(model) -> None:
 
 @pytest.mark.parametrize("mode, message", [
     ("vocab", "drafter 'bad_drafter' proposed tokens outside"),
-    ("q_sum", "drafter 'bad_drafter' returned q rows that are not probability distributions"),
-    ("too_many", "drafter 'bad_drafter' proposed 6 drafts where at most 5"),
-    ("type", "drafter 'bad_drafter' returned str from propose"),
+    ("logits", "drafter 'bad_drafter' returned draft logits of shape"),
+    ("hidden", "drafter 'bad_drafter' returned hidden states of shape"),
+    ("type", "drafter 'bad_drafter' returned str from step"),
 ])
 def test_faulty_drafter_is_named(model, mode: str, message: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_BadDrafter, "mode", mode)
     dec = SpeculativeDecoder(model, drafter="bad_drafter", controller="fixed", controller_options={"k": 3},
                              max_draft_tokens=5)
     with pytest.raises(PluginFault, match=message):
-        dec.generate([4, 5, 6], max_new_tokens=10, temperature=1.0 if mode == "q_sum" else 0.0)
+        dec.generate([4, 5, 6], max_new_tokens=10, temperature=1.0)
     _still_usable(dec, model)
 
 
@@ -154,10 +157,9 @@ def test_nan_or_inf_logits_are_reported_not_sampled(bad: float) -> None:
 
 
 class _AsksForTopStates:
-    """A drafter that asks for the target's top states but cannot take them."""
+    """A drafter that does not say whether it reads the target's top states."""
 
     shared_layers = 0
-    wants_top_states = True
 
     def attach(self, adapter):  # noqa: ANN001, ANN201
         pass
@@ -169,7 +171,7 @@ class _AsksPlugin:
         register.add("asks", _AsksForTopStates)
 
 
-def test_drafter_asking_for_top_states_without_the_method_is_named(model) -> None:
+def test_drafter_missing_a_protocol_member_is_named(model) -> None:
     get_manager().register(_AsksPlugin(), "asks-plugin")
-    with pytest.raises(PluginFault, match="drafter 'asks' sets wants_top_states but has no top_states"):
+    with pytest.raises(PluginFault, match="drafter 'asks' does not declare reads_top_states"):
         SpeculativeDecoder(model, drafter="asks")

@@ -30,8 +30,10 @@ def test_thousand_generations_do_not_grow_memory() -> None:
     before = _rss_bytes()
     lengths = set()
     for seed in range(1000):
-        dec.generate([5, 6, 7, seed % 60 + 3], max_new_tokens=12, temperature=1.0, seed=seed)
-        lengths.add(max(dec.state.cache.lengths))
+        generation = dec.stream([5, 6, 7, seed % 60 + 3], max_new_tokens=12, temperature=1.0, seed=seed)
+        for _ in generation:
+            pass
+        lengths.add(max(generation.cache.lengths))
     gc.collect()
     growth = _rss_bytes() - before
     assert max(lengths) <= 4 + 12 + 4
@@ -48,9 +50,11 @@ def test_long_generation_grows_only_by_the_cache() -> None:
     dec.generate([5, 6, 7], max_new_tokens=64, eos_token_id=[])
     gc.collect()
     before = _rss_bytes()
-    out = dec.generate([5, 6, 7], max_new_tokens=4000, eos_token_id=[])
-    cache_bytes = dec.state.cache.nbytes() + dec.drafter.exit_cache.nbytes()
+    generation = dec.stream([5, 6, 7], max_new_tokens=4000, eos_token_id=[])
+    for _ in generation:
+        pass
+    cache_bytes = generation.cache.nbytes() + generation.draft_state.exit_cache.nbytes()
     gc.collect()
     growth = _rss_bytes() - before
-    assert out.stats.new_tokens == 4000
+    assert generation.stats.new_tokens == 4000
     assert growth < cache_bytes + 16 * 2**20, (growth, cache_bytes)

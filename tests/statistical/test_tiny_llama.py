@@ -66,7 +66,7 @@ def test_exact_on_a_tiny_llama(matmul):
         drafter_options=EARLY_EXIT,
         controller="fixed",
         max_draft_tokens=2,
-        matmul=matmul,
+        adapter_options={"matmul": matmul},
     )
     sampling = SamplingParams(1.0, top_k=4)
     actual = engine_distribution(setup, PROMPT, 3, sampling)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from eesd_lossless import LosslessVerifier, _draw, _one_hot
+from eesd_lossless.verifier import LosslessVerifier, _draw, _one_hot
 
 from eesd_core.sampling import residual
 

@@ -20,12 +20,20 @@ class TestEntropyStopContract(ControllerContract):
 
 
 def step(entropy):
-    return DraftStep(1, 8, Costs(), token=0, prob=0.5, top1=0.5, entropy=entropy)
+    return DraftStep(index=1, max_draft_tokens=8, costs=Costs(), token=0, prob=0.5, top1=0.5, entropy=entropy)
 
 
 def outcome(drafted, accepted):
     return RoundOutcome(
-        drafted, accepted, (0.5,) * drafted, (0.5,) * drafted, (1.0,) * drafted, 0.0, 0.0, Costs()
+        position=0,
+        drafted=drafted,
+        accepted=accepted,
+        tokens=(0,) * (accepted + 1),
+        draft_time=0.0,
+        verify_time=0.0,
+        probs=(0.5,) * drafted,
+        top1=(0.5,) * drafted,
+        entropies=(1.0,) * drafted,
     )
 
 
@@ -36,7 +44,7 @@ def test_the_bound():
 
 def test_confident_drafts_continue_and_uncertain_ones_stop():
     controller = EntropyStop(EntropyStopOptions(threshold=0.5))
-    assert controller.should_continue(DraftStep(0, 8, Costs()))
+    assert controller.should_continue(DraftStep(index=0, max_draft_tokens=8, costs=Costs()))
     assert controller.should_continue(step(0.1))
     assert not controller.should_continue(step(math.log(8)))
 

@@ -1,0 +1,60 @@
+"""The lossless verifier: speculative sampling, which is exact match at temperature 0.
+
+For each draft d_i (sampled from q_i), accept with probability min(1, p_i(d_i) / q_i(d_i)). At the
+first rejection, emit a token from norm(max(0, p_i - q_i)) and stop; after k acceptances emit a
+bonus token from p_k. The committed tokens then follow p exactly (Leviathan et al. 2023, Chen et al.
+2023). A deterministic drafter passes ``q=None``: q_i is one-hot on d_i. At temperature 0 p and q are
+one-hot, so acceptance is ``d_i == argmax p_i`` and no randomness is drawn.
+
+Randomness comes only from the RandomSource: ``bernoulli(min(1, p_i(d_i) / q_i(d_i)))`` once per
+draft, in order, until the first rejection (a certain outcome, 0 or 1, is still asked, so a source
+may count draws per draft as transformers does), then ``categorical`` for the emitted token unless
+its distribution has a single token. A draft with q_i(d_i) = 0, which sampling from q never
+proposes, is rejected without a draw. Ties in p are settled before the verifier, by
+:func:`~eesd_core.sampling.one_hot_argmax` taking the first maximum.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from eesd_core.protocols import RandomSource
+from eesd_core.sampling import residual
+from eesd_lossless.options import LosslessOptions
+
+
+class LosslessVerifier:
+    """Rejection sampling against the target; randomness only from the ``rng`` passed in."""
+
+    def __init__(self, options: LosslessOptions | None = None) -> None:
+        self.options = options or LosslessOptions()
+
+    def verify(
+        self,
+        draft_tokens: torch.Tensor,  # [k]
+        q: torch.Tensor | None,  # [k, V]
+        p: torch.Tensor,  # [k+1, V]
+        rng: RandomSource,
+    ) -> tuple[int, int]:
+        for i, draft in enumerate(draft_tokens.tolist()):
+            p_row = p[i]
+            target = float(p_row[draft])
+            proposed = 1.0 if q is None else float(q[i, draft])
+            if proposed > 0 and rng.bernoulli(min(1.0, target / proposed)):
+                continue
+            q_row = _one_hot(draft, p_row) if q is None else q[i].to(p_row.dtype)
+            return i, _draw(residual(p_row, q_row), rng)
+        return len(draft_tokens), _draw(p[len(draft_tokens)], rng)
+
+
+def _one_hot(token: int, like: torch.Tensor) -> torch.Tensor:
+    out = torch.zeros_like(like)
+    out[token] = 1.0
+    return out
+
+
+def _draw(probs: torch.Tensor, rng: RandomSource) -> int:
+    """A token from ``probs``; a one-hot distribution is read, not sampled, so greedy is exact."""
+    if int((probs > 0).sum()) == 1:
+        return int(probs.argmax())
+    return rng.categorical(probs)
