@@ -74,9 +74,6 @@ class KVCache:
                 self.keys[layer] = keys.index_select(0, rows.to(keys.device))
                 self.values[layer] = values.index_select(0, rows.to(values.device))
 
-    def reset(self) -> None:
-        self.lengths = [0] * self.num_layers
-
     def nbytes(self) -> int:
         """Bytes held by the buffers (what the cache costs in memory)."""
         return sum(t.numel() * t.element_size() for t in self.keys + self.values if t is not None)

@@ -205,6 +205,26 @@ class Drafter(Protocol):
     def rollback(self, state: Any, length: int) -> None: ...
 
 
+class IndependentDrafter:
+    """A base for drafters that run no target layers and keep no state between steps (prompt
+    lookup, a table, a service): subclass it and write ``attach``, ``describe`` and ``step``."""
+
+    shared_layers = 0
+    reads_top_states = False
+
+    def begin(self, cache: KVCache, prompt: torch.Tensor, hidden: torch.Tensor | None) -> None:
+        return None
+
+    def finish(self, state: None, token: int, position: int) -> None:
+        return None
+
+    def top_states(self, state: None, hidden: torch.Tensor, position: int) -> None:
+        """Never called: such a drafter reads no top states."""
+
+    def rollback(self, state: None, length: int) -> None:
+        """Nothing to cut: the engine's history is all such a drafter reads."""
+
+
 @runtime_checkable
 class ModelAdapter(Protocol):
     """One architecture's view of a causal LM: embed, layers [a, b), final norm, LM head.

@@ -91,12 +91,10 @@ class EarlyExitDrafter:
         self.reads_top_states = bool(self.head.top_input)
 
     def describe(self) -> str:
-        head = (
-            "the target's own norm and LM head"
-            if self.head_path is None
-            else f"exit head {self.head_path.name}"
-        )
-        return f"target layers [0, {self.shared_layers}) + {head}"
+        if self.head_path is None:
+            return f"target layers [0, {self.shared_layers}) + the target's own norm and LM head"
+        top = " (reading the target's top state)" if self.reads_top_states else ""
+        return f"target layers [0, {self.shared_layers}) + exit head {self.head_path.name}{top}"
 
     # -- one generation -----------------------------------------------------------------------
 

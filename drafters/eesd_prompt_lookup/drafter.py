@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from eesd_core.cache import KVCache
 from eesd_core.config import MAX_DRAFT_TOKENS_LIMIT
-from eesd_core.protocols import Draft, ModelAdapter
+from eesd_core.protocols import Draft, IndependentDrafter, ModelAdapter
 from eesd_prompt_lookup.options import PromptLookupOptions
 
 
@@ -36,11 +35,8 @@ def find_continuation(history: torch.Tensor, max_ngram: int, min_ngram: int, lim
     return []
 
 
-class PromptLookupDrafter:
+class PromptLookupDrafter(IndependentDrafter):
     """Copies continuations of repeated n-grams; keeps no state beyond the engine's history."""
-
-    shared_layers = 0
-    reads_top_states = False
 
     def __init__(self, options: PromptLookupOptions | None = None) -> None:
         self.options = options or PromptLookupOptions()
@@ -51,20 +47,8 @@ class PromptLookupDrafter:
     def describe(self) -> str:
         return f"prompt lookup of {self.options.min_ngram}..{self.options.max_ngram}-grams"
 
-    def begin(self, cache: KVCache, prompt: torch.Tensor, hidden: torch.Tensor | None) -> None:
-        return None
-
     def step(self, state: None, token: int, position: int, history: torch.Tensor) -> Draft:
         o = self.options
         return Draft(
             tokens=tuple(find_continuation(history, o.max_ngram, o.min_ngram, MAX_DRAFT_TOKENS_LIMIT))
         )
-
-    def finish(self, state: None, token: int, position: int) -> None:
-        return None
-
-    def top_states(self, state: None, hidden: torch.Tensor, position: int) -> None:
-        pass
-
-    def rollback(self, state: None, length: int) -> None:
-        pass

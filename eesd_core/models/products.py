@@ -111,13 +111,6 @@ class MatmulPlan:
     def __contains__(self, m: int) -> bool:
         return m in self.rows
 
-    def restricted(self, max_rows: int) -> MatmulPlan:
-        """The same choices for m <= ``max_rows`` only."""
-        return MatmulPlan(
-            frozenset(m for m in self.rows if m <= max_rows),
-            {m: t for m, t in self.timings.items() if m <= max_rows},
-        )
-
     def describe(self) -> str:
         if not self.rows:
             return "standard F.linear for every pass"

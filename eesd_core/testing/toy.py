@@ -23,7 +23,7 @@ import torch
 from eesd_core.cache import KVCache
 from eesd_core.config import PluginOptions
 from eesd_core.models.products import MatmulPlan
-from eesd_core.protocols import Draft, ModelAdapter, SamplingParams
+from eesd_core.protocols import Draft, IndependentDrafter, ModelAdapter, SamplingParams
 from eesd_core.sampling import process_logits
 from eesd_core.testing.errors import KitError, ToyInvariantError
 
@@ -195,11 +195,8 @@ class ToyDrafterOptions(PluginOptions):
     deterministic: bool = False
 
 
-class ToyDrafter:
+class ToyDrafter(IndependentDrafter):
     """An independent drafter over a :class:`ToyModel`'s draft table (``shared_layers = 0``)."""
-
-    shared_layers = 0
-    reads_top_states = False
 
     def __init__(self, options: ToyDrafterOptions | None = None) -> None:
         self.deterministic = (options or ToyDrafterOptions()).deterministic
@@ -212,20 +209,8 @@ class ToyDrafter:
     def describe(self) -> str:
         return "the toy model's draft table" + (" (argmax)" if self.deterministic else "")
 
-    def begin(self, cache: KVCache, prompt: torch.Tensor, hidden: torch.Tensor | None) -> None:
-        return None
-
     def step(self, state: None, token: int, position: int, history: torch.Tensor) -> Draft:
         logits = self.model.logits(history.tolist(), draft=True)  # [V]
         if self.deterministic:
             return Draft(tokens=(int(logits.argmax()),))
         return Draft(logits=logits)
-
-    def finish(self, state: None, token: int, position: int) -> None:
-        return None
-
-    def top_states(self, state: None, hidden: torch.Tensor, position: int) -> None:
-        pass
-
-    def rollback(self, state: None, length: int) -> None:
-        pass
