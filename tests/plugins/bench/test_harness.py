@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import mmap
 
 import pytest
 import torch
@@ -133,8 +134,18 @@ def test_session_sampled_with_record(checkpoint, tmp_path, monkeypatch) -> None:
 
 
 def test_peak_during_sees_an_allocation() -> None:
+    # A fresh anonymous mapping, touched page by page: the allocator cannot hand back memory that is
+    # already resident (after earlier tests freed large tensors, torch.ones may reuse heap pages).
+    size = 16 * 2**20
     block = []
-    result = peak_during(lambda: block.append(torch.ones(16 * 2**20 // 4)))
+
+    def allocate() -> None:
+        area = mmap.mmap(-1, size)
+        for offset in range(0, size, mmap.PAGESIZE):
+            area[offset] = 1
+        block.append(area)
+
+    result = peak_during(allocate)
     if result["peak_rss_delta_bytes"] is None:
         pytest.skip("this kernel does not let a process reset its peak RSS")
     assert result["peak_rss_delta_bytes"] >= 12 * 2**20
