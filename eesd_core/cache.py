@@ -74,6 +74,21 @@ class KVCache:
                 self.keys[layer] = keys.index_select(0, rows.to(keys.device))
                 self.values[layer] = values.index_select(0, rows.to(values.device))
 
+    def relayout(self, rows: torch.Tensor, index: torch.Tensor) -> None:
+        """Keep batch rows ``rows``, new slot j of row b holding old slot ``index[b, j]`` (any
+        value where ``index`` is -1); every layer's length becomes ``index.shape[1]``."""
+        for layer in range(self.num_layers):
+            for buffers in (self.keys, self.values):
+                old = buffers[layer]
+                if old is None:
+                    continue
+                b, h, size, d = len(rows), old.shape[1], old.shape[2], old.shape[3]
+                take = index.clamp_min(0).to(old.device)[:, None, :, None].expand(b, h, -1, d)
+                new = old.new_empty((b, h, size, d))
+                new[:, :, : index.shape[1]] = old.index_select(0, rows.to(old.device)).gather(2, take)
+                buffers[layer] = new
+            self.lengths[layer] = index.shape[1]
+
     def nbytes(self) -> int:
         """Bytes held by the buffers (what the cache costs in memory)."""
         return sum(t.numel() * t.element_size() for t in self.keys + self.values if t is not None)

@@ -27,8 +27,9 @@ def _line(points: list[tuple[int, float]]) -> tuple[float, float] | None:
 class CostTracker:
     """Smoothed proposal time by k and verification time by m."""
 
-    def __init__(self, max_k: int, smoothing: float = 0.2) -> None:
+    def __init__(self, max_k: int, smoothing: float = 0.2, batch_size: int = 1) -> None:
         self.smoothing = smoothing
+        self.batch_size = batch_size
         self.propose: list[float | None] = [None] * (max_k + 1)
         self.verify: list[float | None] = [None] * (max_k + 2)
         self._snapshot: Costs | None = None
@@ -61,4 +62,4 @@ class CostTracker:
                 return measured[m]
             return None if vline is None else max(vline[0] + vline[1] * m, 0.0)
 
-        return Costs(draft_step=draft_step, propose_base=base, verify=verify)
+        return Costs(draft_step=draft_step, propose_base=base, verify=verify, batch_size=self.batch_size)

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from eesd_core.batch import BatchGeneration, BatchStats
 from eesd_core.config import DecoderConfig, generation_config, validate
 from eesd_core.costs import CostTracker
 from eesd_core.errors import ConfigError, InputError
@@ -24,6 +25,8 @@ from eesd_core.registry import get_manager
 from eesd_core.sampling import TorchRandom
 from eesd_core.stats import GenerationStats
 
+PREPARED_ROWS = 16  # past this many rows a pass is compute-bound: F.linear serves it
+
 
 @dataclass
 class GenerationResult:
@@ -31,6 +34,22 @@ class GenerationResult:
 
     sequences: torch.Tensor
     stats: GenerationStats
+
+
+@dataclass
+class BatchResult:
+    """``sequences``: ``[B, T + n]`` for a padded tensor batch (each row's new tokens after its
+    prompt columns, rows that stopped early padded with ``pad_token_id``), or a list of 1-D
+    tensors (prompt and new tokens) for a list of prompts; ``stats``: per row and totals."""
+
+    sequences: torch.Tensor | list[torch.Tensor]
+    stats: BatchStats
+
+
+@dataclass(frozen=True)
+class _Batch:
+    prompts: list[list[int]]
+    padded: torch.Tensor | None  # the input as given, for a tensor batch
 
 
 class SpeculativeDecoder:
@@ -82,8 +101,9 @@ class SpeculativeDecoder:
         self.controller = self._build("controller", cfg.controller, cfg.controller_options)
         self.verifier = self._build("verifier", cfg.verifier, cfg.verifier_options)
         self.costs = CostTracker(cfg.max_draft_tokens)
+        self._batch_costs: dict[int, CostTracker] = {}
         self.clock = time.perf_counter  # seconds; the test kit substitutes a deterministic clock
-        self._prepared = False
+        self._prepared = 0  # the most rows a pass was prepared for
         self._round_observers = self.manager.has_observers("eesd_round_end")
         self._end_observers = self.manager.has_observers("eesd_generation_end")
 
@@ -119,30 +139,114 @@ class SpeculativeDecoder:
 
     # -- public API ---------------------------------------------------------------------------
 
-    def generate(self, input_ids: Any, *, rng: RandomSource | None = None, **kwargs: Any) -> GenerationResult:
-        """Generate up to ``max_new_tokens`` after ``input_ids`` (``[1, T]``, ``[T]`` or a list).
+    def generate(
+        self,
+        input_ids: Any,
+        *,
+        attention_mask: Any = None,
+        pad_token_id: int | None = None,
+        rng: RandomSource | list[RandomSource] | None = None,
+        **kwargs: Any,
+    ) -> GenerationResult | BatchResult:
+        """Generate up to ``max_new_tokens`` after ``input_ids``.
+
+        One sequence: ``[1, T]``, ``[T]`` or a list of ids; returns a :class:`GenerationResult`.
+        A batch: ``[B, T]`` with ``attention_mask`` ``[B, T]`` (left padding, as transformers
+        takes it; without a mask every column is a token), or a list of id lists of any lengths;
+        returns a :class:`BatchResult`. Rows are decoded together but each exactly as alone.
 
         Keywords: ``max_new_tokens=128, temperature=0.0, top_k=0, top_p=1.0, seed=None,
         eos_token_id=None`` (``None``: the model's own EOS ids, as transformers uses them; ``[]``:
         never stop early). At temperature 0 the tokens equal the target's greedy decoding.
         ``rng``: draw every random choice from this RandomSource instead of ``TorchRandom(seed)``
-        (the test kit enumerates all outcomes through it).
+        (the test kit enumerates all outcomes through it). In a batch each row draws from its
+        own source: ``TorchRandom(seed + b)`` for row b (``seed`` may be a list, one per row),
+        or ``rng[b]``; so a row's tokens do not depend on the other rows. ``pad_token_id`` fills
+        rows that stopped early (default: the model's pad id, else its first EOS).
         """
-        generation = self.stream(input_ids, rng=rng, **kwargs)
+        generation = self.stream(input_ids, attention_mask=attention_mask, rng=rng, **kwargs)
         for _ in generation:
             pass
-        sequences = torch.tensor([generation.sequence], dtype=torch.long)
-        return GenerationResult(sequences=sequences, stats=generation.stats)
+        if isinstance(generation, Generation):
+            sequences = torch.tensor([generation.sequence], dtype=torch.long)
+            return GenerationResult(sequences=sequences, stats=generation.stats)
+        return BatchResult(self._batch_sequences(generation, pad_token_id), generation.stats)
 
-    def stream(self, input_ids: Any, *, rng: RandomSource | None = None, **kwargs: Any) -> Generation:
-        """A :class:`Generation`: iterate it for the new tokens of each round as they are
-        committed; its ``stats`` hold the totals so far. Same keywords as :meth:`generate`."""
+    def stream(
+        self,
+        input_ids: Any,
+        *,
+        attention_mask: Any = None,
+        rng: RandomSource | list[RandomSource] | None = None,
+        **kwargs: Any,
+    ) -> Generation | BatchGeneration:
+        """A :class:`Generation` (or, for a batch, a :class:`BatchGeneration`, which yields a
+        list of new tokens per row): iterate it for the tokens each round commits; its ``stats``
+        hold the totals so far. Same arguments as :meth:`generate`."""
         if kwargs.get("eos_token_id") is None:
             kwargs["eos_token_id"] = self._default_eos()
-        config = generation_config(**kwargs)
-        prompt = self._prompt(input_ids)
-        self._check_length(len(prompt), config.max_new_tokens)
-        return Generation(self, prompt, config, rng if rng is not None else TorchRandom(config.seed))
+        seeds = kwargs.pop("seed", None)
+        batch = self._batch(input_ids, attention_mask)
+        config = generation_config(seed=seeds if not isinstance(seeds, (list, tuple)) else None, **kwargs)
+        if batch is None:
+            if isinstance(seeds, (list, tuple)) or isinstance(rng, (list, tuple)):
+                raise InputError("seed and rng take one value for one sequence, not a list.")
+            prompt = self._prompt(input_ids)
+            self._check_length(len(prompt), config.max_new_tokens)
+            return Generation(self, prompt, config, rng if rng is not None else TorchRandom(config.seed))
+        for prompt in batch.prompts:
+            self._check_length(len(prompt), config.max_new_tokens)
+        generation = BatchGeneration(
+            self, batch.prompts, config, self._row_rngs(len(batch.prompts), seeds, rng)
+        )
+        generation.padded = batch.padded
+        return generation
+
+    def _row_rngs(self, rows: int, seeds: Any, rng: Any) -> list[RandomSource]:
+        if rng is not None:
+            sources = list(rng) if isinstance(rng, (list, tuple)) else None
+            if sources is None or len(sources) != rows:
+                raise InputError(f"A batch of {rows} rows needs rng as a list of {rows} RandomSources.")
+            return sources
+        if isinstance(seeds, (list, tuple)):
+            if len(seeds) != rows or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
+                raise InputError(f"seed must be an int or a list of {rows} ints for a batch of {rows} rows.")
+            return [TorchRandom(s) for s in seeds]
+        if seeds is not None and (isinstance(seeds, bool) or not isinstance(seeds, int)):
+            raise InputError(f"seed must be an int or a list of ints, got {seeds!r}.")
+        return [TorchRandom(None if seeds is None else seeds + row) for row in range(rows)]
+
+    def _batch_sequences(self, generation: BatchGeneration, pad_token_id: int | None) -> Any:
+        rows = generation.sequences
+        padded = generation.padded
+        if padded is None:
+            return [torch.tensor(row, dtype=torch.long) for row in rows]
+        new = [row[length:] for row, length in zip(rows, generation.prompt_lengths, strict=True)]
+        width = max(len(tokens) for tokens in new)
+        if any(len(tokens) < width for tokens in new):
+            pad_token_id = self._pad_id(pad_token_id)
+        out = torch.full((padded.shape[0], padded.shape[1] + width), pad_token_id or 0, dtype=torch.long)
+        out[:, : padded.shape[1]] = padded
+        for row, tokens in enumerate(new):
+            out[row, padded.shape[1] : padded.shape[1] + len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+        return out
+
+    def _pad_id(self, pad_token_id: int | None) -> int:
+        if pad_token_id is None:
+            for source in (getattr(self.model, "generation_config", None), self.adapter.config):
+                pad_token_id = getattr(source, "pad_token_id", None)
+                if pad_token_id is not None:
+                    break
+        if pad_token_id is None:
+            eos = self._default_eos()
+            pad_token_id = eos[0] if eos else None
+        if isinstance(pad_token_id, (list, tuple)):
+            pad_token_id = pad_token_id[0] if pad_token_id else None
+        if pad_token_id is None:
+            raise InputError(
+                "Rows stopped at different lengths and the model names no pad or EOS id: pass pad_token_id."
+            )
+        return int(pad_token_id)
 
     def _default_eos(self) -> list[int]:
         """The model's own end-of-sequence ids, as transformers' ``generate()`` uses them."""
@@ -153,12 +257,25 @@ class SpeculativeDecoder:
 
     # -- what generations share -----------------------------------------------------------------
 
-    def prepare(self) -> None:
-        """Let the adapter choose how its short passes run (once; it may time a few passes)."""
-        if not self._prepared:
-            rows = self.config.max_draft_tokens + 1 if self.drafter is not None else 1
+    def prepare(self, batch_size: int = 1) -> None:
+        """Let the adapter choose how its short passes run (it may time a few passes the first
+        time a row count is met). A batch's passes have B times the rows, counted up to
+        ``PREPARED_ROWS``; beyond that the standard product serves them."""
+        per_row = self.config.max_draft_tokens + 1 if self.drafter is not None else 1
+        rows = per_row if batch_size == 1 else min(batch_size * per_row, PREPARED_ROWS)
+        if rows > self._prepared:
             self.adapter.prepare(rows)
-            self._prepared = True
+            self._prepared = rows
+
+    def costs_for(self, batch_size: int) -> CostTracker:
+        """The cost tracker of a batch size (rounded up to a power of two; 1 is the solo one)."""
+        if batch_size <= 1:
+            return self.costs
+        bucket = 1 << (batch_size - 1).bit_length()
+        tracker = self._batch_costs.get(bucket)
+        if tracker is None:
+            tracker = self._batch_costs[bucket] = CostTracker(self.config.max_draft_tokens, batch_size=bucket)
+        return tracker
 
     def cache_capacity(self, prompt_length: int, max_new_tokens: int) -> int:
         """Cache slots to reserve: enough for a typical reply, so the buffers rarely grow."""
@@ -173,6 +290,60 @@ class SpeculativeDecoder:
             self.manager.pm.hook.eesd_generation_end(stats=stats)
 
     # -- input checks ---------------------------------------------------------------------------
+
+    def _batch(self, input_ids: Any, attention_mask: Any) -> _Batch | None:
+        """The rows of a batch input, each without its padding; ``None`` for one sequence."""
+        if (
+            isinstance(input_ids, (list, tuple))
+            and input_ids
+            and isinstance(input_ids[0], (list, tuple, torch.Tensor))
+        ):
+            if attention_mask is not None:
+                raise InputError("A list of prompts is padded by eesd: pass no attention_mask with it.")
+            rows = [row.tolist() if isinstance(row, torch.Tensor) else row for row in input_ids]
+            return _Batch([self._row(row, b) for b, row in enumerate(rows)], None)
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+            if attention_mask is not None:
+                raise InputError("attention_mask goes with input_ids of shape [B, T].")
+            return None
+        if input_ids.shape[0] == 1 and attention_mask is None:
+            return None
+        if input_ids.dtype.is_floating_point or input_ids.dtype == torch.bool:
+            raise InputError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}.")
+        if input_ids.shape[0] == 0:
+            raise InputError("The batch is empty: give at least one row.")
+        if attention_mask is None:
+            mask = torch.ones_like(input_ids, dtype=torch.bool)
+        else:
+            mask = torch.as_tensor(attention_mask)
+            if tuple(mask.shape) != tuple(input_ids.shape):
+                raise InputError(
+                    f"attention_mask has shape {tuple(mask.shape)} but input_ids {tuple(input_ids.shape)}: "
+                    "give one mask entry per token."
+                )
+            if mask.dtype.is_floating_point or not bool(((mask == 0) | (mask == 1)).all()):
+                raise InputError("attention_mask must hold 0 (padding) and 1 (token) integers or bools.")
+            mask = mask.bool()
+        if bool((mask[:, 1:] < mask[:, :-1]).any()):
+            raise InputError(
+                "attention_mask has padding after a token (right padding): eesd, like transformers' "
+                "generate(), needs left padding (set tokenizer.padding_side = 'left')."
+            )
+        rows = []
+        for b in range(input_ids.shape[0]):
+            ids = input_ids[b][mask[b]].tolist()
+            rows.append(self._row(ids, b))
+        return _Batch(rows, input_ids.detach().to("cpu", torch.long))
+
+    def _row(self, ids: list[int], row: int) -> list[int]:
+        if not ids:
+            raise InputError(
+                f"Row {row} of the batch is empty: give every row at least one token (e.g. BOS)."
+            )
+        try:
+            return self._prompt(ids)
+        except InputError as exc:
+            raise InputError(f"Row {row} of the batch: {exc}") from None
 
     def _prompt(self, input_ids: Any) -> list[int]:
         if isinstance(input_ids, torch.Tensor):

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class _Drafts:
+class RoundDrafts:
     """The drafts of one round and what the controller saw of each."""
 
     tokens: list[int] = field(default_factory=list)
@@ -59,6 +59,23 @@ def _one_hot(token: int, vocab: int, like: torch.Tensor) -> torch.Tensor:
     row = like.new_zeros(vocab)
     row[token] = 1.0
     return row
+
+
+def sample_draft(
+    draft: Draft, sampling: SamplingParams, rng: RandomSource
+) -> tuple[int, torch.Tensor | None, float, float, float]:
+    """Draw a draft from q: (token, q or None, q(token), top-1, entropy). At temperature 0 the
+    argmax, with q's confidence at temperature 1 (q is then one-hot, so ``None``)."""
+    logits = draft.logits
+    assert logits is not None
+    check_finite(logits, "Draft")
+    if sampling.greedy:
+        probs = torch.softmax(logits.float(), dim=-1)
+        token = int(logits.argmax())
+        return (token, None, *confidence(probs, token))
+    probs = process_logits(logits[None], sampling)[0]
+    token = rng.categorical(probs)
+    return (token, probs, *confidence(probs, token))
 
 
 class Generation:
@@ -182,10 +199,10 @@ class Generation:
         dec.round_ended(outcome)
         return committed
 
-    def _draft(self, position: int, max_k: int, costs: Any) -> tuple[_Drafts, torch.Tensor | None]:
+    def _draft(self, position: int, max_k: int, costs: Any) -> tuple[RoundDrafts, torch.Tensor | None]:
         """The one draft loop: ask the controller, take a draft step, sample, record; repeat."""
         dec = self.decoder
-        drafts = _Drafts()
+        drafts = RoundDrafts()
         drafter = dec.drafter
         if drafter is None:
             return drafts, None
@@ -206,7 +223,7 @@ class Generation:
             if fixed:
                 token, row, prob, top, entropy = fixed.pop(0), None, 1.0, 1.0, 0.0
             else:
-                token, row, prob, top, entropy = self._sample(draft)
+                token, row, prob, top, entropy = sample_draft(draft, self.sampling, self.rng)
             drafts.add(token, row, prob, top, entropy)
             self.tokens[position + 1 + i] = token
             step = DraftStep(len(drafts.tokens), max_k, costs, token, prob, top, entropy)
@@ -214,19 +231,6 @@ class Generation:
         hidden = guard.call_drafter("finish", drafter.finish, state, token, position + k)
         guard.check_hidden(hidden, k, drafter.shared_layers, dec.adapter.num_layers)
         return drafts, hidden
-
-    def _sample(self, draft: Draft) -> tuple[int, torch.Tensor | None, float, float, float]:
-        """Draw a draft from q; at temperature 0 the argmax, with q's confidence at temperature 1."""
-        logits = draft.logits
-        assert logits is not None
-        check_finite(logits, "Draft")
-        if self.sampling.greedy:
-            probs = torch.softmax(logits.float(), dim=-1)
-            token = int(logits.argmax())
-            return (token, None, *confidence(probs, token))
-        probs = process_logits(logits[None], self.sampling)[0]
-        token = self.rng.categorical(probs)
-        return (token, probs, *confidence(probs, token))
 
     def _target(
         self, position: int, k: int, hidden: torch.Tensor | None

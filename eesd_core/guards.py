@@ -83,13 +83,22 @@ class Guarded:
         ):
             raise self.fault("drafter", f"proposed tokens outside [0, {self.vocab_size})")
 
-    def check_hidden(self, hidden: torch.Tensor | None, k: int, shared_layers: int, num_layers: int) -> None:
+    def check_batch_logits(self, logits: Any, rows: int) -> None:
+        if not isinstance(logits, torch.Tensor) or tuple(logits.shape) != (rows, self.vocab_size):
+            shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+            raise self.fault(
+                "drafter", f"returned {shape} from step_batch(), not ({rows}, {self.vocab_size})"
+            )
+
+    def check_hidden(
+        self, hidden: torch.Tensor | None, k: int, shared_layers: int, num_layers: int, rows: int = 1
+    ) -> None:
         """``finish`` returns the states of the round's k + 1 inputs after N layers (None if N = 0)."""
         if shared_layers == 0:
             if hidden is not None:
                 raise self.fault("drafter", "returned hidden states from finish() but shares no layers")
             return
-        if hidden is None or hidden.dim() != 3 or hidden.shape[1] != k + 1:
+        if hidden is None or hidden.dim() != 3 or hidden.shape[:2] != (rows, k + 1):
             shape = None if hidden is None else tuple(hidden.shape)
             raise self.fault("drafter", f"returned hidden states of shape {shape} for {k + 1} inputs")
 

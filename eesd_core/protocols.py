@@ -49,11 +49,14 @@ class Costs:
     ``draft_step`` is one draft token; ``propose_base`` what a round's drafting costs beyond its
     draft steps (for the early-exit drafter: pushing the last token through layers [0, N));
     ``verify`` maps a number of verified positions m = k + 1 to the cost of one target pass.
+    ``batch_size``: how many rows share these rounds (their times are the whole batch's, so one
+    row's longer round costs every row that time).
     """
 
     draft_step: float | None = None
     propose_base: float | None = None
     verify: Callable[[int], float | None] = field(default=lambda m: None, compare=False)
+    batch_size: int = 1
 
     def round_time(self, k: int) -> float | None:
         """Modelled time of a round with k drafts (k = 0 is a plain decoding step)."""
@@ -76,6 +79,7 @@ class Request:
     max_draft_tokens: int
     sampling: SamplingParams
     costs: Costs
+    batch_size: int = 1
 
 
 @dataclass(frozen=True)
@@ -84,7 +88,9 @@ class DraftStep:
 
     ``index`` drafts were made so far (0: none yet; answering False makes a plain decoding step);
     at most ``max_draft_tokens`` are allowed this round. For index > 0, ``token``, ``prob`` (its
-    q), ``top1`` (max q) and ``entropy`` (of q, nats) describe the latest draft.
+    q), ``top1`` (max q) and ``entropy`` (of q, nats) describe the latest draft. ``row`` is the
+    row of a batch the step belongs to (0 alone): in a batch the engine asks the rows in turn
+    before each draft, so a controller keeps what it holds for a round per row.
     """
 
     index: int
@@ -94,6 +100,7 @@ class DraftStep:
     prob: float | None = None
     top1: float | None = None
     entropy: float | None = None
+    row: int = 0
 
 
 @dataclass(frozen=True)
@@ -103,7 +110,9 @@ class RoundOutcome:
     At ``position`` (where the pending token sits) k = ``drafted`` drafts were made and n =
     ``accepted`` of them kept; ``tokens`` are the n + 1 tokens committed (before any cut at EOS or
     ``max_new_tokens``). ``probs``, ``top1`` and ``entropies`` hold, per draft, exactly what
-    ``should_continue`` saw in its :class:`DraftStep`. ``costs`` are those the round started with.
+    ``should_continue`` saw in its :class:`DraftStep`. ``costs`` are those the round started with
+    (in a batch, those of its batch size, and the times are the whole batch round's); ``row`` is
+    the row of the batch (0 alone).
     """
 
     position: int
@@ -116,6 +125,7 @@ class RoundOutcome:
     top1: tuple[float, ...] = ()
     entropies: tuple[float, ...] = ()
     costs: Costs = field(default_factory=Costs, compare=False)
+    row: int = 0
 
 
 @dataclass(frozen=True)
@@ -203,6 +213,40 @@ class Drafter(Protocol):
     def top_states(self, state: Any, hidden: torch.Tensor, position: int) -> None: ...
 
     def rollback(self, state: Any, length: int) -> None: ...
+
+
+@runtime_checkable
+class BatchDrafter(Drafter, Protocol):
+    """A drafter that runs target layers and drafts for many rows in one pass per step.
+
+    A batch shares one cache whose slots are columns (:class:`eesd_core.batch.BatchLayout`:
+    ``layout.valid`` ``[B, capacity]`` marks the slots holding a key of each row, ``positions``
+    their positions; pass both to ``ModelAdapter.run_batch``). ``begin_batch`` gets the layer-N
+    states of the prompt slots ``[B, S, H]`` (``None`` if there are none). In a round starting at
+    slot S, step i calls ``step_batch(state, tokens [B], S + i, drafting [B] bool)``: every row's
+    token for that slot (the layout says which rows feed one) goes through layers [0, N), and the
+    logits of q ``[B, V]`` are returned (read only for ``drafting`` rows). ``finish_batch(state,
+    tokens, S + k)`` feeds the last slot without drafting and returns the layer-N states of slots
+    [S, S + k] ``[B, k + 1, H]``. ``top_states_batch(state, hidden [B, m, H], slot)`` hands over
+    the last-layer states of slots ``slot ..`` (if ``reads_top_states``); ``rollback_batch(state,
+    slots)`` cuts back to ``slots`` slots (the layout already marks what each row kept);
+    ``relayout_batch(state, rows [B'], index [B', S'])`` keeps slot rows ``rows`` with new slot j
+    of row b holding old slot ``index[b, j]`` (-1: empty), as the engine did to the cache.
+    """
+
+    def begin_batch(self, cache: KVCache, layout: Any, hidden: torch.Tensor | None) -> Any: ...
+
+    def step_batch(
+        self, state: Any, tokens: torch.Tensor, slot: int, drafting: torch.Tensor
+    ) -> torch.Tensor: ...
+
+    def finish_batch(self, state: Any, tokens: torch.Tensor, slot: int) -> torch.Tensor: ...
+
+    def top_states_batch(self, state: Any, hidden: torch.Tensor, slot: int) -> None: ...
+
+    def rollback_batch(self, state: Any, slots: int) -> None: ...
+
+    def relayout_batch(self, state: Any, rows: torch.Tensor, index: torch.Tensor) -> None: ...
 
 
 class IndependentDrafter:
@@ -348,9 +392,11 @@ class ModelAdapter(Protocol):
         layers: Any,
         hidden: torch.Tensor,
         cache: KVCache,
-        position: int,
+        position: int | torch.Tensor,
         rotary: Any = None,
+        valid: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Copies made by :meth:`copy_layer`, in order, over ``hidden`` ``[B, m, H]`` at positions
-        from ``position`` (every row alike); returns ``[B, m, H]``."""
+        from ``position`` (every row alike), or with ``valid`` ``[B, total]`` at per-row positions
+        ``[B, m]`` masked as :meth:`run_batch` masks; returns ``[B, m, H]``."""
         ...

@@ -33,6 +33,7 @@ class UcbDraftLength:
         self.totals: list[float] = []
         self.best = 0.0
         self.arm = 0
+        self.arms: dict[int, int] = {}  # the arm of each row's current round (a batch interleaves)
 
     def start(self, request: Request) -> None:
         arms = (self.options.max_k if self.options.max_k is not None else request.max_draft_tokens) + 1
@@ -41,8 +42,8 @@ class UcbDraftLength:
 
     def should_continue(self, step: DraftStep) -> bool:
         if step.index == 0:
-            self.arm = self.choose()
-        return step.index < self.arm
+            self.arm = self.arms[step.row] = self.choose()
+        return step.index < self.arms.get(step.row, self.arm)
 
     def choose(self) -> int:
         for arm, count in enumerate(self.counts):

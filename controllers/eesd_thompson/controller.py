@@ -12,11 +12,25 @@ the drafts already made by the posterior of their confidence bucket.
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass, field
 
 from eesd_core.protocols import Costs, DraftStep, Request, RoundOutcome
 from eesd_thompson.options import ThompsonOptions
 from eesd_thompson.posterior import Beta, Buckets
 from eesd_thompson.rule import best_rate, draft_on, round_times
+
+
+@dataclass
+class _Round:
+    """What a round holds between its draft decisions (one per row of a batch)."""
+
+    theta: float = 0.5
+    cells: dict[int, float] = field(default_factory=dict)
+    survival: float = 1.0
+    times: list[float] | None = None
+    rate: float = 0.0
+    limit: int = 0
+    share: int = 1  # rows sharing the round (Costs.batch_size)
 
 
 class ThompsonController:
@@ -29,12 +43,8 @@ class ThompsonController:
         self.buckets = Buckets(o.edges or (), o.alpha0, o.beta0)
         self.kinds_seen: set[int] = set()
         self.rounds = 0
-        self._theta = 0.5
-        self._cells: dict[int, float] = {}
-        self._survival = 1.0
-        self._times: list[float] | None = None
-        self._rate = 0.0
-        self._limit = 0
+        self._rounds: dict[int, _Round] = {}  # by row: a batch asks its rows in turn
+        self._round = _Round()
 
     # -- the protocol ---------------------------------------------------------------------------
 
@@ -49,15 +59,18 @@ class ThompsonController:
 
     def should_continue(self, step: DraftStep) -> bool:
         if step.index == 0:
+            self._round = self._rounds[step.row] = _Round()
             self._begin_round(step)
-        if step.index >= self._limit:
+        else:
+            self._round = self._rounds.setdefault(step.row, self._round)
+        if step.index >= self._round.limit:
             return False
         if step.index and self.options.resample == "step":
             self._draw()
         survival = self._advance(step)
         if self.options.stop_rule == "bernoulli":
-            return self.rng.random() < (self._latest_theta(step) if step.index else self._theta)
-        if self._times is None:
+            return self.rng.random() < (self._latest_theta(step) if step.index else self._round.theta)
+        if self._round.times is None:
             return step.index < self._explore_k()
         return self._pays_on(step.index, survival)
 
@@ -77,41 +90,48 @@ class ThompsonController:
     def _begin_round(self, step: DraftStep) -> None:
         """Draw theta for the round; once costs are known, price time and cap probing rounds."""
         cap = self.options.max_draft_tokens
-        self._limit = step.max_draft_tokens if cap is None else min(step.max_draft_tokens, cap)
-        self._survival = 1.0
-        self._times = None
+        self._round.limit = step.max_draft_tokens if cap is None else min(step.max_draft_tokens, cap)
+        self._round.survival = 1.0
+        self._round.share = step.costs.batch_size
+        self._round.times = None
         if self.options.stop_rule == "cost":
-            self._times = self._round_times(step.costs, self._limit)
+            self._round.times = self._round_times(step.costs, self._round.limit)
         self._draw()
-        if self._times is not None and self.options.probe_tokens is not None and not self._pays():
-            self._limit = min(self._limit, self.options.probe_tokens)
+        if self._round.times is not None and self.options.probe_tokens is not None and not self._pays():
+            self._round.limit = min(self._round.limit, self.options.probe_tokens)
 
     def _draw(self) -> None:
-        self._theta = self.posterior.sample(self.rng)
-        self._cells = {}
-        if self._times is not None:
-            self._rate = best_rate(self._theta, self._times)
+        self._round.theta = self.posterior.sample(self.rng)
+        self._round.cells = {}
+        if self._round.times is not None:
+            self._round.rate = best_rate(self._round.theta, self._round.times)
 
     def _pays(self) -> bool:
         """Whether drafting pays at the posterior mean: if not, drafting now is a probe."""
-        assert self._times is not None
+        assert self._round.times is not None
         mean = self.posterior.mean
-        return draft_on(0, 1.0, mean, self._times, best_rate(mean, self._times))
+        return draft_on(
+            0, 1.0, mean, self._round.times, best_rate(mean, self._round.times), self._round.share
+        )
 
     def _pays_on(self, index: int, survival: float) -> bool:
         """The cost rule, plus the rare one-draft probe while drafting looks hopeless."""
-        assert self._times is not None
-        if draft_on(index, survival, self._theta, self._times, self._rate):
+        assert self._round.times is not None
+        if draft_on(
+            index, survival, self._round.theta, self._round.times, self._round.rate, self._round.share
+        ):
             return True
         if index == 0 and self._locked_out() and self.rng.random() < self.options.explore / (1 + self.rounds):
-            self._limit = 1
+            self._round.limit = 1
             return True
         return False
 
     def _locked_out(self) -> bool:
         """Whether the measured costs say drafting could not pay even if every draft were accepted."""
-        assert self._times is not None
-        return not draft_on(0, 1.0, 1.0, self._times, best_rate(1.0, self._times))
+        assert self._round.times is not None
+        return not draft_on(
+            0, 1.0, 1.0, self._round.times, best_rate(1.0, self._round.times), self._round.share
+        )
 
     def _explore_k(self) -> int:
         """Drafts while costs are unknown: one round of one draft, then one plain step."""
@@ -126,18 +146,18 @@ class ThompsonController:
     def _advance(self, step: DraftStep) -> float:
         """Probability that every draft so far is accepted, under this round's draws."""
         if step.index:
-            self._survival *= self._latest_theta(step)
-        return self._survival
+            self._round.survival *= self._latest_theta(step)
+        return self._round.survival
 
     def _latest_theta(self, step: DraftStep) -> float:
         """theta for the latest draft: its bucket's draw (Calibration-TS) or the round's theta."""
         value = self._signal(step)
         if self.options.variant != "calibration" or value is None:
-            return self._theta
+            return self._round.theta
         cell = self.buckets.index(value)
-        if cell not in self._cells:
-            self._cells[cell] = self.buckets.cells[cell].sample(self.rng, self.posterior.mean)
-        return self._cells[cell]
+        if cell not in self._round.cells:
+            self._round.cells[cell] = self.buckets.cells[cell].sample(self.rng, self.posterior.mean)
+        return self._round.cells[cell]
 
     def _signal(self, step: DraftStep) -> float | None:
         return {"top1": step.top1, "prob": step.prob, "entropy": step.entropy}[self.options.signal]

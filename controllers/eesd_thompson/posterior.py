@@ -40,8 +40,9 @@ class Beta:
         if center is None:
             return rng.betavariate(self.alpha, self.beta)
         weight = self.alpha0 + self.beta0
-        return rng.betavariate(self.alpha - self.alpha0 + weight * center,
-                               self.beta - self.beta0 + weight * (1 - center))
+        return rng.betavariate(
+            self.alpha - self.alpha0 + weight * center, self.beta - self.beta0 + weight * (1 - center)
+        )
 
     @property
     def mean(self) -> float:

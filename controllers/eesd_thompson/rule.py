@@ -12,7 +12,8 @@ Round times come from the engine's measurements. For a k never tried, the engine
 line through what it measured, which on a CPU (where verifying two positions costs much more than
 one, and eight barely more than two) would make long rounds look prohibitive forever; so beyond the
 longest round tried, verification is assumed to cost no more than there, optimistically, until a
-longer round measures it.
+longer round measures it. In a batch, the round times are the batch's and one row's extra drafts
+delay every row, so the rule weighs them by the batch size (``Costs.batch_size``).
 """
 
 from __future__ import annotations
@@ -32,12 +33,17 @@ def best_rate(theta: float, times: Sequence[float]) -> float:
     return max(expected_tokens(theta, k) / t for k, t in enumerate(times) if t > 0)
 
 
-def draft_on(index: int, survival: float, theta: float, times: Sequence[float], rate: float) -> bool:
-    """Whether drafting beyond ``index`` drafts gains more tokens than ``rate`` says its time is worth."""
+def draft_on(
+    index: int, survival: float, theta: float, times: Sequence[float], rate: float, share: int = 1
+) -> bool:
+    """Whether drafting beyond ``index`` drafts gains more tokens than ``rate`` says its time is worth.
+
+    In a batch of ``share`` rows a longer round is longer for every row, so its extra time costs
+    ``share`` times as much as one row's."""
     gain = 0.0
     for k in range(index + 1, len(times)):
         gain += survival * theta ** (k - index)
-        if gain > rate * (times[k] - times[index]):
+        if gain > rate * share * (times[k] - times[index]):
             return True
     return False
 

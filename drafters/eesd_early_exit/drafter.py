@@ -27,6 +27,7 @@ import torch
 from eesd_core.cache import KVCache
 from eesd_core.errors import ConfigError
 from eesd_core.protocols import Draft, ModelAdapter
+from eesd_early_exit.batch import BatchDrafting
 from eesd_early_exit.head import UntrainedHead
 from eesd_early_exit.headfile import find_shipped_head, load_head, read_metadata
 from eesd_early_exit.options import EarlyExitOptions
@@ -51,8 +52,9 @@ class ExitState:
     drafted_round: tuple[torch.Tensor, int] | None = None  # (states, start) of a top-input round
 
 
-class EarlyExitDrafter:
-    """Drafts with the target's layers [0, N) and an exit head, sharing the target's cache."""
+class EarlyExitDrafter(BatchDrafting):
+    """Drafts with the target's layers [0, N) and an exit head, sharing the target's cache; drafts
+    for a batch too (:mod:`eesd_early_exit.batch`)."""
 
     def __init__(self, options: EarlyExitOptions | None = None) -> None:
         self.options = options or EarlyExitOptions()

@@ -41,12 +41,22 @@ class UntrainedHead(nn.Module):
         return KVCache(0)
 
     def hidden(
-        self, h: torch.Tensor, position: int, cache: KVCache, rotary: Any, top: torch.Tensor | None = None
+        self,
+        h: torch.Tensor,
+        position: int | torch.Tensor,
+        cache: KVCache,
+        rotary: Any,
+        top: torch.Tensor | None = None,
+        valid: torch.Tensor | None = None,
     ) -> torch.Tensor:
         return h
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         return self.adapter.logits(self.adapter.norm(h))  # [m, V]
+
+    def batch_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Draft logits of the last position of each row ``[B, V]``."""
+        return self.adapter.logits(self.adapter.norm(h[:, -1])[None])
 
 
 class ExitHead(nn.Module):
@@ -90,9 +100,16 @@ class ExitHead(nn.Module):
         return KVCache(self.num_layers)
 
     def hidden(
-        self, h: torch.Tensor, position: int, cache: KVCache, rotary: Any, top: torch.Tensor | None = None
+        self,
+        h: torch.Tensor,
+        position: int | torch.Tensor,
+        cache: KVCache,
+        rotary: Any,
+        top: torch.Tensor | None = None,
+        valid: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Run the exit layers over ``h`` ``[B, m, H]`` at positions from ``position``.
+        """Run the exit layers over ``h`` ``[B, m, H]`` at positions from ``position``, or at
+        per-row positions ``[B, m]`` over the cache slots ``valid`` ``[B, total]`` marks.
 
         ``top`` ``[B, m, H]``: for a top-input head, the normalised top state of each row's
         previous position (:meth:`top_state`); zeros before the first position.
@@ -101,7 +118,7 @@ class ExitHead(nn.Module):
             if top is None:
                 raise ValueError("a top-input exit head needs the top states of the previous positions")
             h = self.fuse(torch.cat([h, top.to(h.dtype)], dim=-1))
-        return self.adapter.run_copies(self.layers, h, cache, position, rotary)
+        return self.adapter.run_copies(self.layers, h, cache, position, rotary, valid)
 
     def top_state(self, h: torch.Tensor) -> torch.Tensor:
         """What the head reads of a last-layer state, or of its own output standing in for one:
@@ -113,7 +130,17 @@ class ExitHead(nn.Module):
         normed = self.norm(h)
         if self.subset_head is None:
             return self.adapter.logits(normed)
-        small = self.adapter.lm_logits(normed, self.subset_head.weight)[0]  # [m, V_sub]
+        return self._widen(self.adapter.lm_logits(normed, self.subset_head.weight)[0])  # [m, V]
+
+    def batch_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Draft logits of the last position of each row ``[B, V]``."""
+        normed = self.norm(h[:, -1])
+        if self.subset_head is None:
+            return self.adapter.logits(normed[None])
+        return self._widen(self.adapter.lm_logits(normed, self.subset_head.weight))
+
+    def _widen(self, small: torch.Tensor) -> torch.Tensor:
+        """Subset logits ``[r, V_sub]`` to ``[r, V]``, -inf outside the subset."""
         full = small.new_full((small.shape[0], self.adapter.vocab_size), float("-inf"))
         full[:, self.vocab_ids] = small
         return full
@@ -121,6 +148,4 @@ class ExitHead(nn.Module):
     def trainable_state(self) -> dict[str, torch.Tensor]:
         """The tensors a head file stores. The shared LM head is not among them, nor the rows of it
         a vocabulary-subset head drafts with: they are frozen copies, rebuilt from ``vocab_ids``."""
-        return {
-            k: v for k, v in self.state_dict().items() if not k.startswith(("adapter.", "subset_head."))
-        }
+        return {k: v for k, v in self.state_dict().items() if not k.startswith(("adapter.", "subset_head."))}

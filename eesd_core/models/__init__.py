@@ -26,7 +26,6 @@ class AdapterOptions(PluginOptions):
     matmul: Literal["auto", "standard", "transposed"] = "auto"
 
 
-
 class LazyAdapter:
     """An adapter class named by module and attribute, imported the first time it is needed.
 

@@ -244,17 +244,24 @@ class DecoderAdapter:
         layers: Sequence[nn.Module],
         hidden: torch.Tensor,
         cache: KVCache,
-        position: int,
+        position: int | torch.Tensor,
         rotary: Any = None,
+        valid: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Layers made by :meth:`copy_layer`, in order, over ``hidden`` ``[B, m, H]`` at positions
-        from ``position`` (the same for every row), each writing its slot of ``cache``."""
+        from ``position`` (the same for every row), each writing its slot of ``cache``; or, with
+        ``valid`` ``[B, total]``, at per-row ``position`` ``[B, m]`` as :meth:`run_batch` runs."""
         rotary = self.rotary(hidden, position) if rotary is None else rotary
         made: dict[int | None, torch.Tensor | None] = {}
         for layer in layers:
             window = self._window_of(layer)
             if window not in made:
-                made[window] = self.mask(hidden.shape[1], position, window, hidden)
+                if valid is None:
+                    made[window] = self.mask(hidden.shape[1], int(position), window, hidden)
+                else:
+                    made[window] = _padded_mask(
+                        valid.to(hidden.device), hidden.shape[1], window, hidden.dtype
+                    )
             hidden = self.call_layer(layer, hidden, made[window], rotary, cache)
         return hidden
 

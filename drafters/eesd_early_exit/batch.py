@@ -1,0 +1,153 @@
+"""The early-exit drafter over a batch: every row drafts in one pass per step.
+
+The same scheme as one sequence (:mod:`eesd_early_exit.drafter`), laid out by cache slot instead of
+by position: the exit cache and the kept top states are slot-aligned with the target's cache, and
+every pass masks by the engine's :class:`~eesd_core.batch.BatchLayout`, so each row sees only its
+own valid slots. Layer-N states of slots the exit layers have not run on wait in ``deferred``
+(rounds in which no row drafts never run the head); a top-input head reads, for each slot, the
+target's last-layer state of the row's previous valid slot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from eesd_core.cache import KVCache
+
+
+@dataclass
+class BatchExitState:
+    """The drafter's part of one batched generation; ``exit_slots`` slots have run the exit layers,
+    ``deferred`` holds the layer-N states ``[B, c, H]`` of the slots after them."""
+
+    cache: KVCache
+    layout: Any
+    exit_cache: KVCache
+    exit_slots: int = 0
+    deferred: list[torch.Tensor] = field(default_factory=list)
+    tops: torch.Tensor | None = None  # [B, capacity, H], slot-aligned
+    round_states: list[torch.Tensor] = field(default_factory=list)
+    stand_in: torch.Tensor | None = None
+    drafted_round: tuple[torch.Tensor, int] | None = None
+
+
+class BatchDrafting:
+    """The :class:`~eesd_core.protocols.BatchDrafter` half of the early-exit drafter."""
+
+    adapter: Any
+    head: Any
+    shared_layers: int
+    reads_top_states: bool
+
+    def begin_batch(self, cache: KVCache, layout: Any, hidden: torch.Tensor | None) -> BatchExitState:
+        state = BatchExitState(cache, layout, self.head.new_cache())
+        if hidden is not None and hidden.shape[1]:
+            self._defer_batch(state, hidden)
+        return state
+
+    def step_batch(
+        self, state: BatchExitState, tokens: torch.Tensor, slot: int, drafting: torch.Tensor
+    ) -> torch.Tensor:
+        first = not state.round_states
+        h, rotary = self._lower_batch(state, tokens, slot)
+        self._flush_batch(state)
+        top = None
+        if self.reads_top_states:
+            top = self._tops_before_batch(state, slot, 1) if first else self.head.top_state(state.stand_in)
+        layout = state.layout
+        positions, valid = layout.positions[:, slot : slot + 1], layout.valid[:, : slot + 1]
+        state.stand_in = self.head.hidden(h, positions, state.exit_cache, rotary, top, valid)
+        state.exit_slots = slot + 1
+        return self.head.batch_logits(state.stand_in)  # [B, V]
+
+    def finish_batch(self, state: BatchExitState, tokens: torch.Tensor, slot: int) -> torch.Tensor:
+        h, _ = self._lower_batch(state, tokens, slot)
+        self._defer_batch(state, h)
+        states = state.round_states
+        hidden = states[0] if len(states) == 1 else torch.cat(states, dim=1)
+        if self.reads_top_states and len(states) > 1:
+            state.drafted_round = (hidden, slot + 1 - len(states))
+        state.round_states, state.stand_in = [], None
+        return hidden  # [B, k+1, H]
+
+    def top_states_batch(self, state: BatchExitState, hidden: torch.Tensor, slot: int) -> None:
+        if state.tops is None:
+            rows, capacity = state.layout.valid.shape
+            state.tops = hidden.new_zeros(rows, capacity, hidden.shape[2])
+        state.tops[:, slot : slot + hidden.shape[1]] = hidden
+
+    def rollback_batch(self, state: BatchExitState, slots: int) -> None:
+        if state.drafted_round is not None:
+            # slots after the round's first were run on stand-in top states: run them again
+            (states, start), state.drafted_round = state.drafted_round, None
+            state.exit_slots = min(slots, start + 1)
+            state.exit_cache.crop(state.exit_slots)
+            keep = max(0, slots - start - 1)
+            state.deferred = [states[:, 1 : 1 + keep]] if keep and self.head.num_layers else []
+            return
+        state.exit_slots = min(state.exit_slots, slots)
+        state.exit_cache.crop(state.exit_slots)
+        keep = slots - state.exit_slots
+        if state.deferred:
+            backlog = torch.cat(state.deferred, dim=1)
+            state.deferred = [backlog[:, :keep]] if keep else []
+
+    def relayout_batch(self, state: BatchExitState, rows: torch.Tensor, index: torch.Tensor) -> None:
+        # the engine realigns its layout and the target's cache after this: run the backlog first
+        self._flush_batch(state)
+        state.exit_cache.relayout(rows, index)
+        state.exit_slots = index.shape[1]
+        if state.tops is not None:
+            take = index.clamp_min(0).to(state.tops.device)
+            tops = state.tops.index_select(0, rows.to(state.tops.device))
+            gathered = tops.gather(1, take[:, :, None].expand(-1, -1, tops.shape[2]))
+            state.tops = tops.new_zeros(tops.shape)
+            state.tops[:, : index.shape[1]] = gathered
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _lower_batch(
+        self, state: BatchExitState, tokens: torch.Tensor, slot: int
+    ) -> tuple[torch.Tensor, Any]:
+        """Layers [0, N) on every row's token for ``slot``. # [B, 1, H]"""
+        adapter, layout = self.adapter, state.layout
+        x = adapter.embed(tokens.view(-1, 1).to(adapter.device))
+        positions, valid = layout.positions[:, slot : slot + 1], layout.valid[:, : slot + 1]
+        rotary = adapter.rotary(x, positions)
+        h = adapter.run_batch(x, 0, self.shared_layers, state.cache, positions, valid, rotary)
+        state.round_states.append(h)
+        return h, rotary
+
+    def _defer_batch(self, state: BatchExitState, hidden: torch.Tensor) -> None:
+        if self.head.num_layers:
+            state.deferred.append(hidden)
+
+    def _flush_batch(self, state: BatchExitState) -> None:
+        if not state.deferred:
+            return
+        backlog = torch.cat(state.deferred, dim=1)
+        start, count = state.exit_slots, backlog.shape[1]
+        top = self._tops_before_batch(state, start, count) if self.reads_top_states else None
+        layout = state.layout
+        positions, valid = layout.positions[:, start : start + count], layout.valid[:, : start + count]
+        self.head.hidden(backlog, positions, state.exit_cache, None, top, valid)
+        state.exit_slots, state.deferred = start + count, []
+
+    def _tops_before_batch(self, state: BatchExitState, start: int, count: int) -> torch.Tensor:
+        """The normalised top state of each row's previous valid slot, for slots ``start ..
+        start + count - 1`` (zeros where a row has none). # [B, count, H]"""
+        valid = state.layout.valid[:, : start + count]
+        slots = torch.arange(start + count, device=valid.device)
+        last = torch.where(valid, slots, -1).cummax(dim=1).values  # last valid slot up to each
+        before = torch.cat([last.new_full((last.shape[0], 1), -1), last[:, :-1]], dim=1)
+        previous = before[:, start : start + count]  # [B, count]
+        rows, hidden = valid.shape[0], self.adapter.hidden_size
+        if state.tops is None:
+            return torch.zeros(rows, count, hidden, dtype=self.adapter.dtype, device=self.adapter.device)
+        take = previous.clamp_min(0).to(state.tops.device)
+        gathered = state.tops.gather(1, take[:, :, None].expand(-1, -1, state.tops.shape[2]))
+        normed = self.head.top_state(gathered)
+        return normed.masked_fill((previous < 0).to(normed.device)[:, :, None], 0.0)

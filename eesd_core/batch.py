@@ -1,0 +1,478 @@
+"""Many sequences at once: one target pass per round over every active row, each row exact.
+
+The rows share one preallocated cache whose *slots* are columns of the batch. Prompts are
+left-padded into slots [0, T - 1); each row's last prompt token is its pending token, as in
+:mod:`eesd_core.generation`. A round writes slots [S, S + m) for every row, m = 1 + the most drafts
+any row made; row b feeds its pending token and its k_b drafts and pads the rest. After
+verification row b keeps its n_b + 1 accepted inputs and the rest become gaps; the batch moves on
+to S + max(n_b + 1). :class:`BatchLayout` says which slot holds which position of which row, and
+every pass masks by it, so no row ever sees another's keys or its own gaps and each row computes
+what it would alone. Nothing is copied per round: the cache is realigned only when rows have
+finished (they leave the batch) or the gaps would overflow it.
+
+Drafting runs in lockstep: before draft i the controller is asked for every row still drafting
+(``DraftStep.row`` says which); a row it stops takes no more drafts this round. A drafter that runs
+target layers drafts for all rows in one pass per step (:class:`~eesd_core.protocols.BatchDrafter`);
+an :class:`~eesd_core.protocols.IndependentDrafter` is asked row by row. Each row draws from its own
+random source, so its tokens do not depend on which other rows share the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from eesd_core.config import GenerationConfig
+from eesd_core.errors import ConfigError
+from eesd_core.generation import RoundDrafts, sample_draft
+from eesd_core.protocols import Draft, DraftStep, RandomSource, Request, RoundOutcome, SamplingParams
+from eesd_core.sampling import check_finite, process_logits
+from eesd_core.stats import GenerationStats
+
+if TYPE_CHECKING:
+    from eesd_core.engine import SpeculativeDecoder
+
+
+class BatchLayout:
+    """Slot bookkeeping of a batch cache: ``valid`` ``[B, capacity]`` marks the slots that hold a
+    key of each row, ``positions`` ``[B, capacity]`` the position of each such key; ``slots`` is
+    the number of slots in use (every layer's cache length between rounds)."""
+
+    def __init__(self, rows: int, capacity: int, device: torch.device) -> None:
+        self.capacity = capacity
+        self.valid = torch.zeros(rows, capacity, dtype=torch.bool, device=device)
+        self.positions = torch.zeros(rows, capacity, dtype=torch.long, device=device)
+        self.slots = 0
+
+    def aligned(self, rows: torch.Tensor) -> torch.Tensor:
+        """Old slot of each new slot when rows ``rows`` are kept with their keys right-aligned
+        (gaps squeezed out); ``[B', S']``, -1 where the new slot is padding."""
+        valid = self.valid[rows, : self.slots]
+        counts = valid.sum(1)
+        width = int(counts.max()) if counts.numel() else 0
+        order = torch.where(valid, torch.arange(self.slots, device=valid.device), -1)
+        order = order.sort(dim=1).values[:, self.slots - width :] if width else order[:, :0]
+        return order
+
+    def relayout(self, rows: torch.Tensor, index: torch.Tensor) -> None:
+        """Keep ``rows``, with new slot j of row b holding old slot ``index[b, j]`` (-1: padding)."""
+        take = index.clamp_min(0)
+        valid = self.valid[rows].gather(1, take) & (index >= 0)
+        positions = self.positions[rows].gather(1, take)
+        self.valid = torch.zeros(len(rows), self.capacity, dtype=torch.bool, device=valid.device)
+        self.positions = torch.zeros_like(self.valid, dtype=torch.long)
+        self.valid[:, : index.shape[1]] = valid
+        self.positions[:, : index.shape[1]] = positions
+        self.slots = index.shape[1]
+
+
+@dataclass
+class BatchStats:
+    """Totals of a batched call: ``rows`` holds each row's own :class:`GenerationStats` (its
+    ``total_time`` runs until that row finished); ``rounds`` counts batch rounds."""
+
+    rows: list[GenerationStats] = field(default_factory=list)
+    rounds: int = 0
+    prefill_time: float = 0.0
+    total_time: float = 0.0
+    relayouts: int = 0
+
+    @property
+    def new_tokens(self) -> int:
+        return sum(row.new_tokens for row in self.rows)
+
+    @property
+    def drafted(self) -> int:
+        return sum(row.drafted for row in self.rows)
+
+    @property
+    def accepted(self) -> int:
+        return sum(row.accepted for row in self.rows)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.total_time if self.total_time > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rows": [row.to_dict() for row in self.rows],
+            "rounds": self.rounds,
+            "new_tokens": self.new_tokens,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "prefill_time": self.prefill_time,
+            "total_time": self.total_time,
+            "relayouts": self.relayouts,
+            "tokens_per_second": self.tokens_per_second,
+        }
+
+
+class BatchGeneration:
+    """Iterate for each round's new tokens per row (a list of B lists, empty for finished rows)."""
+
+    def __init__(
+        self,
+        decoder: SpeculativeDecoder,
+        prompts: list[list[int]],
+        config: GenerationConfig,
+        rngs: list[RandomSource],
+    ) -> None:
+        self.decoder = decoder
+        self.config = config
+        self.rngs = rngs
+        self.sampling = SamplingParams(config.temperature, config.top_k, config.top_p)
+        rows, width = len(prompts), max(len(p) for p in prompts)
+        k = decoder.config.max_draft_tokens
+        self.stats = BatchStats(rows=[GenerationStats(prompt_tokens=len(p)) for p in prompts])
+        self.tokens = torch.zeros(rows, width + config.max_new_tokens + k + 1, dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            self.tokens[row, : len(prompt)] = torch.tensor(prompt, dtype=torch.long)
+        self.lengths = [len(p) for p in prompts]
+        self.prompt_lengths = list(self.lengths)
+        self.finished = [False] * rows
+        self.ids = torch.arange(rows)  # the row of each slot row of the cache
+        device = decoder.adapter.device
+        capacity = width + config.max_new_tokens + max(config.max_new_tokens // 4, 2 * (k + 1)) + k + 1
+        self.layout = BatchLayout(rows, capacity, device)
+        self.cache = decoder.adapter.new_cache(capacity=capacity)
+        self.draft_state: Any = None
+        self.padded: torch.Tensor | None = None  # a tensor batch as given (the engine sets it)
+        self.done = False
+        self._started: float | None = None
+        drafter = decoder.drafter
+        self._batched = drafter is not None and drafter.shared_layers > 0
+        if self._batched and not hasattr(drafter, "step_batch"):
+            raise ConfigError(
+                f"drafter {decoder.config.drafter!r} runs target layers but cannot draft for a batch "
+                "(it has no step_batch): decode batches with drafter=None or one that supports them."
+            )
+
+    def __iter__(self) -> BatchGeneration:
+        return self
+
+    def __next__(self) -> list[list[int]]:
+        if self.done:
+            raise StopIteration
+        with torch.inference_mode():
+            if self._started is None:
+                self._prefill()
+            committed = self._round()
+        now = self.decoder.clock() - self._started  # type: ignore[operator]
+        self.stats.total_time = now
+        for row, tokens in enumerate(committed):
+            if tokens:
+                self.stats.rows[row].total_time = now
+        if self.done:
+            for row_stats in self.stats.rows:
+                self.decoder.generation_ended(row_stats)
+        return committed
+
+    @property
+    def sequences(self) -> list[list[int]]:
+        """Each row's prompt and committed tokens."""
+        return [self.tokens[row, :length].tolist() for row, length in enumerate(self.lengths)]
+
+    def _remaining(self, row: int) -> int:
+        return self.config.max_new_tokens - (self.lengths[row] - self.prompt_lengths[row])
+
+    # -- prefill ----------------------------------------------------------------------------------
+
+    def _prefill(self) -> None:
+        dec, layout = self.decoder, self.layout
+        self._started = dec.clock()
+        dec.prepare(len(self.lengths))
+        adapter, drafter = dec.adapter, dec.drafter
+        width = max(self.lengths) - 1
+        feed = torch.zeros(len(self.lengths), width, dtype=torch.long)
+        for row, length in enumerate(self.lengths):
+            start = width - (length - 1)
+            feed[row, start:] = self.tokens[row, : length - 1]
+            layout.valid[row, start:width] = True
+            layout.positions[row, start:width] = torch.arange(length - 1)
+        layout.slots = width
+        shared = drafter.shared_layers if self._batched else 0  # type: ignore[union-attr]
+        hidden = top = None
+        if width:
+            hidden = adapter.embed(feed.to(adapter.device))
+            positions, valid = layout.positions[:, :width], layout.valid[:, :width]
+            rotary = adapter.rotary(hidden, positions)
+            hidden = adapter.run_batch(hidden, 0, shared, self.cache, positions, valid, rotary)
+            top = adapter.run_batch(hidden, shared, adapter.num_layers, self.cache, positions, valid, rotary)
+        if drafter is not None:
+            call = dec.guard.call_drafter
+            if self._batched:
+                self.draft_state = call("begin_batch", drafter.begin_batch, self.cache, layout, hidden)  # type: ignore[union-attr]
+                if top is not None and drafter.reads_top_states:
+                    call("top_states_batch", drafter.top_states_batch, self.draft_state, top, 0)  # type: ignore[union-attr]
+            else:
+                self.draft_state = [
+                    call("begin", drafter.begin, self.cache, self.tokens[row, : length - 1], None)
+                    for row, length in enumerate(self.lengths)
+                ]
+            request = Request(
+                max(self.prompt_lengths),
+                self.config.max_new_tokens,
+                dec.config.max_draft_tokens,
+                self.sampling,
+                dec.costs_for(len(self.lengths)).snapshot(),
+                batch_size=len(self.lengths),
+            )
+            dec.guard.call_controller("start", dec.controller.start, request)
+        self.stats.prefill_time = dec.clock() - self._started
+
+    # -- one round --------------------------------------------------------------------------------
+
+    def _round(self) -> list[list[int]]:
+        dec, layout = self.decoder, self.layout
+        rows = self.ids.tolist()
+        start = layout.slots
+        tracker = dec.costs_for(len(rows))
+        costs = tracker.snapshot()
+        t0 = dec.clock()
+        drafts, hidden = self._draft(rows, start, costs)
+        t1 = dec.clock()
+        m = max(len(d.tokens) for d in drafts) + 1
+        p, top = self._target(rows, start, m, hidden)  # [B, m, V]
+        results = []
+        for j, row in enumerate(rows):
+            k = len(drafts[j].tokens)
+            if self.finished[row]:
+                results.append((0, -1))
+                continue
+            at = self.lengths[row] - 1
+            draft_tokens = self.tokens[row, at + 1 : at + 1 + k]
+            q = drafts[j].q(p.shape[-1])
+            results.append(dec.guard.verify(dec.verifier, draft_tokens, q, p[j, : k + 1], self.rngs[row]))
+        if self._batched and dec.drafter.reads_top_states:  # type: ignore[union-attr]
+            dec.guard.call_drafter(
+                "top_states_batch", dec.drafter.top_states_batch, self.draft_state, top, start
+            )  # type: ignore[union-attr]
+        t2 = dec.clock()
+        self._rollback(rows, start, m, results)
+        tracker.observe(m - 1, t1 - t0, t2 - t1)
+        committed: list[list[int]] = [[] for _ in self.lengths]
+        for j, row in enumerate(rows):
+            if self.finished[row]:
+                continue
+            n, token = results[j]
+            d = drafts[j]
+            outcome = RoundOutcome(
+                self.lengths[row] - 1,
+                len(d.tokens),
+                n,
+                tuple(d.tokens[:n]) + (token,),
+                t1 - t0,
+                t2 - t1,
+                tuple(d.probs),
+                tuple(d.top1),
+                tuple(d.entropies),
+                costs,
+                row=row,
+            )
+            if dec.drafter is not None:
+                dec.guard.call_controller("update", dec.controller.update, outcome)
+            committed[row] = self._commit(row, list(outcome.tokens))
+            self.stats.rows[row].add_round(outcome)
+            dec.round_ended(outcome)
+        self.stats.rounds += 1
+        self.done = all(self.finished)
+        if not self.done:
+            self._maybe_relayout()
+        return committed
+
+    def _draft(
+        self, rows: list[int], start: int, costs: Any
+    ) -> tuple[list[RoundDrafts], torch.Tensor | None]:
+        """The draft loop in lockstep: step i writes slot ``start + i`` of every row."""
+        dec = self.decoder
+        drafter, guard = dec.drafter, dec.guard
+        drafts = [RoundDrafts() for _ in rows]
+        live = [not self.finished[row] for row in rows]
+        if drafter is None:
+            self._mark(rows, start, live, 0)
+            return drafts, None
+        limits = [min(dec.config.max_draft_tokens, self._remaining(row) - 1) for row in rows]
+        asks = {limit: guard.asker(dec.controller, limit) for limit in set(limits)}
+        feeding, fixed = live, [[] for _ in rows]  # type: list[bool], list[list[int]]
+        steps = 0
+        while True:
+            slot = start + steps
+            self._mark(rows, start, feeding, steps)
+            drafting = [False] * len(rows)
+            for j, row in enumerate(rows):
+                if feeding[j]:
+                    d = drafts[j]
+                    last = d.tokens[-1] if d.tokens else None
+                    step = DraftStep(
+                        steps,
+                        limits[j],
+                        costs,
+                        last,
+                        d.probs[-1] if last is not None else None,
+                        d.top1[-1] if last is not None else None,
+                        d.entropies[-1] if last is not None else None,
+                        row=row,
+                    )
+                    drafting[j] = asks[limits[j]](step)
+            if not any(drafting):
+                break
+            tokens = self._feed(rows, steps)
+            if self._batched:
+                logits = guard.call_drafter(
+                    "step_batch",
+                    drafter.step_batch,
+                    self.draft_state,
+                    tokens,
+                    slot,
+                    torch.tensor(drafting),  # type: ignore[union-attr]
+                )
+                guard.check_batch_logits(logits, len(rows))
+            for j, row in enumerate(rows):
+                if not drafting[j]:
+                    continue
+                at = self.lengths[row] - 1 + steps
+                if self._batched:
+                    token, q, prob, top1, entropy = sample_draft(
+                        Draft(logits=logits[j]), self.sampling, self.rngs[row]
+                    )
+                else:
+                    if not fixed[j]:
+                        draft = guard.call_drafter(
+                            "step",
+                            drafter.step,
+                            self.draft_state[j],
+                            int(self.tokens[row, at]),
+                            at,
+                            self.tokens[row, : at + 1],
+                        )
+                        guard.check_draft(draft)
+                        if draft.logits is None:
+                            fixed[j] = list(draft.tokens)
+                            if not fixed[j]:
+                                drafting[j] = False
+                                continue
+                    if fixed[j]:
+                        token, q, prob, top1, entropy = fixed[j].pop(0), None, 1.0, 1.0, 0.0
+                    else:
+                        token, q, prob, top1, entropy = sample_draft(draft, self.sampling, self.rngs[row])
+                drafts[j].add(token, q, prob, top1, entropy)
+                self.tokens[row, at + 1] = token
+            feeding = drafting
+            steps += 1
+        hidden = None
+        if self._batched:
+            tokens = self._feed(rows, steps)
+            hidden = guard.call_drafter(
+                "finish_batch", drafter.finish_batch, self.draft_state, tokens, start + steps
+            )  # type: ignore[union-attr]
+            guard.check_hidden(hidden, steps, drafter.shared_layers, dec.adapter.num_layers, rows=len(rows))
+        return drafts, hidden
+
+    def _feed(self, rows: list[int], step: int) -> torch.Tensor:
+        """The token each slot row feeds at ``step`` (the pending token at 0); padding reads 0."""
+        out = torch.zeros(len(rows), dtype=torch.long)
+        for j, row in enumerate(rows):
+            if self.layout.valid[j, self.layout.slots + step]:
+                out[j] = self.tokens[row, self.lengths[row] - 1 + step]
+        return out
+
+    def _mark(self, rows: list[int], start: int, feeding: list[bool], step: int) -> None:
+        """Slot ``start + step`` holds position ``length - 1 + step`` of every feeding row."""
+        slot = start + step
+        layout = self.layout
+        layout.valid[:, slot] = torch.tensor(feeding)
+        layout.positions[:, slot] = torch.tensor([self.lengths[row] - 1 + step for row in rows])
+
+    def _target(
+        self, rows: list[int], start: int, m: int, hidden: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """p ``[B, m, V]`` over slots [start, start + m) and the last-layer states ``[B, m, H]``."""
+        dec, layout = self.decoder, self.layout
+        adapter = dec.adapter
+        first = 0
+        if hidden is None:
+            feed = torch.stack([self._feed(rows, step) for step in range(m)], dim=1)
+            hidden = adapter.embed(feed.to(adapter.device))
+        else:
+            first = dec.drafter.shared_layers  # type: ignore[union-attr]
+        end = start + m
+        positions, valid = layout.positions[:, start:end], layout.valid[:, :end]
+        top = adapter.run_batch(hidden, first, adapter.num_layers, self.cache, positions, valid)
+        rows = top.shape[0]
+        logits = adapter.logits(adapter.norm(top).reshape(1, rows * m, -1))  # [B * m, V]
+        check_finite(logits, "Target")
+        return process_logits(logits, self.sampling).view(rows, m, -1), top
+
+    def _rollback(self, rows: list[int], start: int, m: int, results: list[tuple[int, int]]) -> None:
+        """Keep each row's accepted inputs; the batch moves on past the longest."""
+        layout = self.layout
+        keep = 1
+        for j, row in enumerate(rows):
+            if self.finished[row]:
+                layout.valid[j, start : start + m] = False
+                continue
+            n = results[j][0]
+            layout.valid[j, start + n + 1 : start + m] = False
+            keep = max(keep, n + 1)
+        layout.slots = start + keep
+        self.cache.crop(layout.slots)
+        drafter = self.decoder.drafter
+        if drafter is None:
+            return
+        call = self.decoder.guard.call_drafter
+        if self._batched:
+            call("rollback_batch", drafter.rollback_batch, self.draft_state, layout.slots)  # type: ignore[union-attr]
+            return
+        for j, row in enumerate(rows):
+            if not self.finished[row]:
+                call("rollback", drafter.rollback, self.draft_state[j], self.lengths[row] + results[j][0])
+
+    def _commit(self, row: int, tokens: list[int]) -> list[int]:
+        """Append a row's tokens, cut at its first EOS or at max_new_tokens."""
+        stats = self.stats.rows[row]
+        for i, token in enumerate(tokens):
+            if token in self.config.eos_token_id:
+                tokens, self.finished[row], stats.stopped_by = tokens[: i + 1], True, "eos"
+                break
+        remaining = self._remaining(row)
+        if len(tokens) >= remaining:
+            tokens, self.finished[row] = tokens[:remaining], True
+            stats.stopped_by = stats.stopped_by or "max_new_tokens"
+        length = self.lengths[row]
+        self.tokens[row, length : length + len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+        self.lengths[row] += len(tokens)
+        stats.new_tokens += len(tokens)
+        return tokens
+
+    # -- realignment ------------------------------------------------------------------------------
+
+    def _maybe_relayout(self) -> None:
+        """Drop finished rows once a quarter of the slot rows are done, and squeeze out gaps when
+        the next round might not fit; otherwise leave every buffer where it is."""
+        layout = self.layout
+        rows = self.ids.tolist()
+        alive = [j for j, row in enumerate(rows) if not self.finished[row]]
+        leave = len(rows) - len(alive) >= max(1, len(rows) // 4)
+        full = layout.slots + self.decoder.config.max_draft_tokens + 1 > layout.capacity
+        if not (leave or full):
+            return
+        keep = torch.tensor(alive if leave else list(range(len(rows))), dtype=torch.long)
+        index = layout.aligned(keep.to(layout.valid.device))
+        drafter = self.decoder.drafter
+        if drafter is not None:
+            if self._batched:  # before the layout changes: the drafter may still run on the old one
+                self.decoder.guard.call_drafter(
+                    "relayout_batch",
+                    drafter.relayout_batch,
+                    self.draft_state,
+                    keep,
+                    index,  # type: ignore[union-attr]
+                )
+            else:
+                self.draft_state = [self.draft_state[j] for j in keep.tolist()]
+        layout.relayout(keep.to(layout.valid.device), index)
+        self.cache.relayout(keep, index)
+        self.ids = self.ids[keep]
+        self.stats.relayouts += 1
