@@ -18,7 +18,9 @@ from eesd_core.testing.kit import Setup, installed
 from eesd_core.testing.oracles import (
     assert_distributions_equal,
     autoregressive_distribution,
+    engine_batch_distribution,
     engine_distribution,
+    independent_rows,
     round_distribution,
 )
 from eesd_core.testing.randomness import NoRandom
@@ -94,6 +96,52 @@ def check_greedy(setup: Setup, prompt: Sequence[int], max_new_tokens: int) -> No
     assert_distributions_equal(
         actual, expected, what=f"greedy decoding after {list(prompt)} on {setup.model!r}"
     )
+
+
+def check_lossless_batch(
+    setup: Setup,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    sampling: SamplingParams,
+    eos_token_id: Sequence[int] = (),
+) -> None:
+    """A batched call's joint output distribution equals independent plain sampling of each row."""
+    model = setup.model
+    actual = engine_batch_distribution(setup, prompts, max_new_tokens, sampling, eos_token_id)
+    expected = independent_rows(
+        [
+            autoregressive_distribution(
+                lambda h: model.next_probs(h, sampling), p, max_new_tokens, eos_token_id
+            )
+            for p in prompts
+        ]
+    )
+    assert_distributions_equal(
+        actual,
+        expected,
+        what=f"a batch of {[list(p) for p in prompts]}: {max_new_tokens} new tokens, {model!r}, {sampling}",
+    )
+
+
+def check_greedy_batch(
+    setup: Setup, prompts: Sequence[Sequence[int]], max_new_tokens: int, eos_token_id: Sequence[int] = ()
+) -> None:
+    """At temperature 0 every row of a batched call is that row's greedy decoding alone."""
+    actual = engine_batch_distribution(setup, prompts, max_new_tokens, SamplingParams(0.0), eos_token_id)
+    expected = {tuple(_greedy_until(setup.model, p, max_new_tokens, eos_token_id) for p in prompts): 1.0}
+    assert_distributions_equal(
+        actual, expected, what=f"greedy decoding of the batch {[list(p) for p in prompts]} on {setup.model!r}"
+    )
+
+
+def _greedy_until(
+    model: ToyModel, prompt: Sequence[int], max_new_tokens: int, eos: Sequence[int]
+) -> tuple[int, ...]:
+    tokens = greedy_tokens(model, prompt, max_new_tokens)
+    for i, token in enumerate(tokens):
+        if token in eos:
+            return tokens[: i + 1]
+    return tokens
 
 
 def check_round(

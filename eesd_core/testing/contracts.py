@@ -33,7 +33,9 @@ from eesd_core.testing.checks import (
     check_bounds,
     check_exact_match,
     check_greedy,
+    check_greedy_batch,
     check_lossless,
+    check_lossless_batch,
     check_round,
 )
 from eesd_core.testing.controllers import ErraticController
@@ -116,6 +118,33 @@ class ControllerContract:
         check_greedy(setup, data.draw(es.prompts(model.vocab_size)), data.draw(st.integers(1, 8)))
 
     @examples(10)
+    @given(model=_SMALL_MODELS, sampling=es.sampling_params(greedy=False), drafter=_DRAFTERS, data=st.data())
+    def test_batch_lossless(
+        self, make_controller: Any, model: Any, sampling: Any, drafter: Any, data: Any
+    ) -> None:
+        """Two rows decoded together, the controller asked for each in turn: jointly exact."""
+        name, options = drafter
+        setup = Setup(
+            model, drafter=name, drafter_options=options, controller=make_controller, max_draft_tokens=2
+        )
+        prompts = [data.draw(es.prompts(model.vocab_size, 2)) for _ in range(2)]
+        check_lossless_batch(setup, prompts, 2, sampling)
+
+    @examples(10)
+    @given(model=es.toy_models(vocab_sizes=st.integers(2, 4)), drafter=_DRAFTERS, data=st.data())
+    def test_batch_greedy_is_the_targets(
+        self, make_controller: Any, model: Any, drafter: Any, data: Any
+    ) -> None:
+        """Three rows of different lengths, one token an EOS: each row is its greedy decoding."""
+        name, options = drafter
+        setup = Setup(
+            model, drafter=name, drafter_options=options, controller=make_controller, max_draft_tokens=3
+        )
+        prompts = [data.draw(es.prompts(model.vocab_size)) for _ in range(3)]
+        eos = [data.draw(st.integers(0, model.vocab_size - 1))]
+        check_greedy_batch(setup, prompts, data.draw(st.integers(1, 8)), eos)
+
+    @examples(10)
     @given(model=es.toy_models(), sampling=es.sampling_params(), cap=st.integers(1, 5), data=st.data())
     def test_bounds_hold(self, make_controller: Any, model: Any, sampling: Any, cap: int, data: Any) -> None:
         setup = Setup(model, controller=make_controller, max_draft_tokens=cap)
@@ -164,6 +193,32 @@ class DrafterContract:
         model = data.draw(es.toy_models(vocab_sizes=st.integers(2, 4), num_layers=self.toy_layers))
         setup = Setup(model, drafter=make_drafter, controller=lambda: replace(controller), max_draft_tokens=4)
         check_greedy(setup, data.draw(es.prompts(model.vocab_size)), data.draw(st.integers(1, 8)))
+
+    def _batched(self, make_drafter: Any) -> None:
+        drafter = make_drafter()
+        if getattr(drafter, "shared_layers", 0) and not hasattr(drafter, "step_batch"):
+            pytest.skip("this drafter runs target layers and does not draft for batches (no step_batch)")
+
+    @examples(10)
+    @given(data=st.data(), sampling=es.sampling_params(greedy=False), controller=es.erratic_controllers())
+    def test_batch_lossless(self, make_drafter: Any, data: Any, sampling: Any, controller: Any) -> None:
+        """Two rows drafted together: their joint output is independent plain sampling of each."""
+        self._batched(make_drafter)
+        model = data.draw(es.toy_models(vocab_sizes=st.integers(2, 3), num_layers=self.toy_layers))
+        setup = Setup(model, drafter=make_drafter, controller=lambda: replace(controller), max_draft_tokens=2)
+        prompts = [data.draw(es.prompts(model.vocab_size, 2)) for _ in range(2)]
+        check_lossless_batch(setup, prompts, 2, sampling)
+
+    @examples(10)
+    @given(data=st.data(), controller=es.erratic_controllers())
+    def test_batch_greedy_is_the_targets(self, make_drafter: Any, data: Any, controller: Any) -> None:
+        """Three rows of different lengths, one token an EOS: each row is its greedy decoding."""
+        self._batched(make_drafter)
+        model = data.draw(es.toy_models(vocab_sizes=st.integers(2, 4), num_layers=self.toy_layers))
+        setup = Setup(model, drafter=make_drafter, controller=lambda: replace(controller), max_draft_tokens=4)
+        prompts = [data.draw(es.prompts(model.vocab_size)) for _ in range(3)]
+        eos = [data.draw(st.integers(0, model.vocab_size - 1))]
+        check_greedy_batch(setup, prompts, data.draw(st.integers(1, 8)), eos)
 
     @examples(10)
     @given(

@@ -179,6 +179,45 @@ def engine_distribution(
         return distribution(enumerate_runs(run, max_runs))
 
 
+def engine_batch_distribution(
+    setup: Setup,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    sampling: SamplingParams = _SAMPLE,
+    eos_token_id: Sequence[int] = (),
+    max_runs: int = 100_000,
+) -> dict[tuple[tuple[int, ...], ...], float]:
+    """P(new tokens of every row) of one batched call, exactly: every row draws from one
+    enumerating source, so the joint outcome of the rows is enumerated."""
+
+    def run(rng: RandomSource) -> tuple[tuple[int, ...], ...]:
+        random.seed(0)
+        torch.default_generator.manual_seed(0)
+        decoder = setup.build()
+        decoder.clock = _FixedStepClock()
+        result = decoder.generate(
+            [list(p) for p in prompts],
+            rng=[rng] * len(prompts),
+            max_new_tokens=max_new_tokens,
+            temperature=sampling.temperature,
+            top_k=sampling.top_k,
+            top_p=sampling.top_p,
+            eos_token_id=list(eos_token_id),
+        )
+        return tuple(tuple(row[len(p) :].tolist()) for row, p in zip(result.sequences, prompts, strict=True))
+
+    with installed(setup.subjects()), _quiet_globals():
+        return distribution(enumerate_runs(run, max_runs))
+
+
+def independent_rows(rows: Sequence[Sequences]) -> dict[tuple[tuple[int, ...], ...], float]:
+    """The joint distribution of independent rows: the product of their own distributions."""
+    joint: dict[tuple[tuple[int, ...], ...], float] = {(): 1.0}
+    for row in rows:
+        joint = {key + (out,): p * q for key, p in joint.items() for out, q in row.items()}
+    return joint
+
+
 def assert_distributions_equal(
     actual: Mapping[Any, float], expected: Mapping[Any, float], atol: float = 1e-12, what: str = "outcomes"
 ) -> None:

@@ -174,10 +174,69 @@ class ToyAdapter:
         raise NotImplementedError("a toy model is tables: it has no LM head to share")
 
     def lm_logits(self, hidden: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
-        raise NotImplementedError("a toy model has no LM head: exit heads need a real model")
+        """``[..., H]`` to ``[..., V]`` as :meth:`logits` reads each state; no other weight."""
+        if weight is not None:
+            raise NotImplementedError("a toy model has no LM head: exit heads need a real model")
+        flat = hidden.reshape(1, -1, hidden.shape[-1])
+        return self.logits(flat).view(*hidden.shape[:-1], self.vocab_size)
 
-    def run_batch(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        raise NotImplementedError("the toy adapter runs one sequence at a time")
+    def run_batch(
+        self,
+        hidden: torch.Tensor,
+        start: int,
+        end: int,
+        cache: KVCache,
+        positions: torch.Tensor,
+        valid: torch.Tensor,
+        rotary: Any = None,
+    ) -> torch.Tensor:
+        """Rows of a batch ``[B, m, H]``: each query's window is rebuilt from its own row's valid
+        slots only, and its position must be the number of those before it."""
+        for layer in range(start, end):
+            hidden = self._batch_layer(hidden, layer, cache, positions, valid)
+        return hidden
+
+    def _batch_layer(
+        self, hidden: torch.Tensor, layer: int, cache: KVCache, positions: torch.Tensor, valid: torch.Tensor
+    ) -> torch.Tensor:
+        rows, m = hidden.shape[:2]
+        if not m:
+            return hidden
+        total = valid.shape[1]
+        if bool((hidden[:, :, 0] != layer).any()):
+            raise ToyInvariantError(f"layer {layer} received hidden states that went through other layers.")
+        if cache.lengths[layer] != total - m:
+            raise ToyInvariantError(
+                f"layer {layer} holds {cache.lengths[layer]} slots before a pass over slots "
+                f"[{total - m}, {total}): the batch cache and its layout disagree."
+            )
+        ids = hidden[:, :, 1].reshape(rows, 1, m, 1)
+        keys, _ = cache.update(ids, ids, layer)
+        out = hidden.clone()
+        out[:, :, 0] += 1
+        for row in range(rows):
+            seen = keys[row, 0, :, 0]
+            for j in range(m):
+                slot = total - m + j
+                if not valid[row, slot]:  # padding: an empty context, read by no one
+                    if self.model.window:
+                        out[row, j, 2:] = torch.tensor(self.model.context([]), dtype=torch.float64)
+                    continue
+                before = valid[row, :slot]
+                if int(positions[row, j]) != int(before.sum()):
+                    raise ToyInvariantError(
+                        f"row {row} slot {slot} is at position {int(positions[row, j])} but follows "
+                        f"{int(before.sum())} valid slots of its row."
+                    )
+                tokens = [int(t) for t in seen[: slot + 1][valid[row, : slot + 1]].tolist()]
+                if self.model.window:
+                    window = torch.tensor(self.model.context(tokens), dtype=torch.float64)
+                    if layer and not torch.equal(window, hidden[row, j, 2:]):
+                        raise ToyInvariantError(
+                            f"layer {layer} sees another context than the layers before it."
+                        )
+                    out[row, j, 2:] = window
+        return out
 
     def copy_layer(self, index: int, slot: int) -> torch.nn.Module:
         raise NotImplementedError("a toy model's layers are tables: there is nothing to copy")
