@@ -17,7 +17,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 CORE = ROOT / "eesd_core"
 CATEGORIES = ("drafters", "controllers", "verifiers", "plugins")
-CORE_LINE_BUDGET = 2500
+# The runtime only (the test kit aside): 2,149 lines for one sequence, plus about 660 for batched
+# decoding (eesd_core/batch.py and the batch input handling of the engine).
+CORE_LINE_BUDGET = 2900
 
 
 def plugin_packages() -> dict[str, Path]:

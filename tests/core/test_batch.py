@@ -1,0 +1,242 @@
+"""Batched decoding: every row equals its own decoding alone, whatever the other rows do.
+
+Tiny random float64 models of three families, ragged prompts, an EOS that stops some rows in the
+middle of a round, every drafter kind (plain, early exit with no head, an exit layer, a top-input
+exit layer; prompt lookup) and every registered controller. The exact joint distribution of the
+rows is checked on toy models by the kit (``check_lossless_batch``, the contract classes).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from eesd_early_exit.head import ExitHead
+from eesd_early_exit.headfile import save_head
+from tinymodels import make_tiny
+
+from eesd_core import SpeculativeDecoder
+from eesd_core.models import find_adapter
+from eesd_core.registry import get_manager
+
+LENGTHS = (5, 1, 9, 3, 12)
+NEW = 24
+
+
+def _prompts(seed: int = 0, vocab: int = 97) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, vocab, (n,), generator=generator).tolist() for n in LENGTHS]
+
+
+def _solo(model, prompt: list[int], eos: int | None = None, new: int = NEW) -> list[int]:
+    out = model.generate(
+        torch.tensor([prompt]), max_new_tokens=new, do_sample=False, eos_token_id=eos, pad_token_id=0
+    )
+    return out[0, len(prompt) :].tolist()
+
+
+def _eos_for(model, prompts: list[list[int]]) -> int:
+    """A token greedy decoding of row 0 emits a few tokens in, so that rows stop at different times."""
+    row = _solo(model, prompts[0])
+    return row[min(6, len(row) - 1)]
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2", "mistral"])
+def family(request) -> str:
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def model(family):
+    return make_tiny(family, 2, layers=4)
+
+
+@pytest.fixture(scope="module")
+def heads(model, tmp_path_factory) -> dict[str, str]:
+    adapter = find_adapter(model)
+    folder = tmp_path_factory.mktemp("heads")
+    # exit heads at layer 3 of 4 start as copies of the last layer, so their drafts are often
+    # right; small noise (and, for the top-input head, weak top weights) makes some wrong
+    torch.manual_seed(3)
+    plain = ExitHead(adapter, 3).to(torch.float64)
+    with torch.no_grad():
+        for p in plain.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    top = ExitHead(adapter, 3, top_input=True).to(torch.float64)
+    with torch.no_grad():
+        for p in top.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+        top.fuse.weight[:, adapter.hidden_size :].normal_(0, 0.02)
+    return {
+        "exit": str(save_head(plain, adapter, folder / "exit.safetensors", dtype=torch.float64)),
+        "top": str(save_head(top, adapter, folder / "top.safetensors", dtype=torch.float64)),
+    }
+
+
+def _drafters(heads: dict[str, str]) -> dict[str, dict]:
+    return {
+        "plain": dict(drafter=None),
+        "untrained": dict(drafter="early_exit", drafter_options={"exit_layer": 1}),
+        "exit": dict(drafter="early_exit", drafter_options={"head": heads["exit"]}),
+        "top": dict(drafter="early_exit", drafter_options={"head": heads["top"]}),
+        "lookup": dict(drafter="prompt_lookup"),
+    }
+
+
+CONTROLLERS = sorted(get_manager().registry("controller").names())
+
+
+@pytest.mark.parametrize("controller", CONTROLLERS)
+def test_every_row_equals_its_greedy_decoding_alone(model, heads, controller: str) -> None:
+    prompts = _prompts()
+    eos = _eos_for(model, prompts)
+    expected = [_solo(model, p, eos) for p in prompts]
+    assert len({len(e) for e in expected}) > 1, "the EOS should stop rows at different lengths"
+    for name, options in _drafters(heads).items():
+        dec = SpeculativeDecoder(model, controller=controller, max_draft_tokens=4, **options)
+        out = dec.generate(prompts, max_new_tokens=NEW, eos_token_id=[eos])
+        got = [row[len(p) :].tolist() for row, p in zip(out.sequences, prompts, strict=True)]
+        assert got == expected, (name, controller)
+        assert [s.new_tokens for s in out.stats.rows] == [len(e) for e in expected]
+        assert out.stats.new_tokens == sum(len(e) for e in expected)
+
+
+def test_drafts_equal_the_solo_drafts(model, heads) -> None:
+    """With a fixed k, each row's rounds in the batch are its rounds alone: same drafts, same q."""
+    prompts = _prompts(1)
+    for name in ("untrained", "exit", "top"):
+        accepted = 0
+        options = _drafters(heads)[name]
+        solo = []
+        for prompt in prompts:
+            dec = SpeculativeDecoder(model, controller="fixed", controller_options={"k": 3}, **options)
+            rounds: list = []
+            dec.round_ended = rounds.append
+            dec.generate(prompt, max_new_tokens=NEW, eos_token_id=[])
+            solo.append(rounds)
+        dec = SpeculativeDecoder(model, controller="fixed", controller_options={"k": 3}, **options)
+        batch: dict[int, list] = {}
+
+        def record(outcome, batch=batch) -> None:
+            batch.setdefault(outcome.row, []).append(outcome)
+
+        dec.round_ended = record
+        out = dec.generate(prompts, max_new_tokens=NEW, eos_token_id=[])
+        for row, rounds in enumerate(solo):
+            assert [(o.tokens, o.drafted, o.accepted) for o in batch[row]] == [
+                (o.tokens, o.drafted, o.accepted) for o in rounds
+            ], (name, row)
+            for mine, alone in zip(batch[row], rounds, strict=True):
+                assert mine.probs == pytest.approx(alone.probs, abs=1e-9), (name, row)
+            accepted += sum(o.accepted for o in rounds)
+        assert out.stats.accepted == accepted
+        assert accepted > 0 or name == "untrained", name
+        assert accepted < out.stats.drafted, name
+
+
+def test_padded_tensor_batch(model) -> None:
+    """transformers' conventions: left padding in, ``[B, T + n]`` out, stopped rows padded."""
+    prompts = _prompts(2)[:3]
+    eos = _eos_for(model, prompts)
+    width = max(len(p) for p in prompts)
+    ids = torch.zeros(len(prompts), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt) :] = torch.tensor(prompt)
+        mask[row, width - len(prompt) :] = 1
+    dec = SpeculativeDecoder(
+        model, drafter="early_exit", drafter_options={"exit_layer": 2}, controller="fixed"
+    )
+    out = dec.generate(ids, attention_mask=mask, max_new_tokens=NEW, eos_token_id=[eos], pad_token_id=1)
+    expected = [_solo(model, p, eos) for p in prompts]
+    new = max(len(e) for e in expected)
+    assert out.sequences.shape == (len(prompts), width + new)
+    assert torch.equal(out.sequences[:, :width], ids)
+    for row, tokens in enumerate(expected):
+        assert out.sequences[row, width:].tolist() == tokens + [1] * (new - len(tokens))
+    hf = model.generate(
+        ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False, eos_token_id=eos, pad_token_id=1
+    )
+    assert torch.equal(out.sequences, hf[:, : out.sequences.shape[1]])
+
+
+def test_sampled_rows_do_not_depend_on_the_batch(model, heads) -> None:
+    """Row b draws from its own stream: the same as alone with that seed, whoever shares the batch."""
+    prompts = _prompts(3)
+    for options in (dict(drafter=None), _drafters(heads)["exit"]):
+
+        def make(options=options) -> SpeculativeDecoder:
+            return SpeculativeDecoder(model, controller="fixed", controller_options={"k": 2}, **options)
+
+        seeds = [11, 12, 13, 14, 15]
+        out = make().generate(prompts, max_new_tokens=12, temperature=0.9, seed=seeds, eos_token_id=[])
+        alone = [
+            make().generate(p, max_new_tokens=12, temperature=0.9, seed=s, eos_token_id=[])
+            for p, s in zip(prompts, seeds)
+        ]
+        assert [r.tolist() for r in out.sequences] == [a.sequences[0].tolist() for a in alone]
+        pair = make().generate(
+            [prompts[3], prompts[1]], max_new_tokens=12, temperature=0.9, seed=[14, 12], eos_token_id=[]
+        )
+        assert pair.sequences[0].tolist() == out.sequences[3].tolist()
+        default = make().generate(prompts[:2], max_new_tokens=12, temperature=0.9, seed=11, eos_token_id=[])
+        assert [r.tolist() for r in default.sequences] == [r.tolist() for r in out.sequences[:2]]
+
+
+def test_stream_and_stats(model) -> None:
+    prompts = _prompts(4)
+    eos = _eos_for(model, prompts)
+    dec = SpeculativeDecoder(
+        model, drafter="early_exit", drafter_options={"exit_layer": 1}, controller="fixed"
+    )
+    generation = dec.stream(prompts, max_new_tokens=NEW, eos_token_id=[eos])
+    rounds = list(generation)
+    assert all(len(r) == len(prompts) for r in rounds)
+    joined = [sum((r[row] for r in rounds), []) for row in range(len(prompts))]
+    assert joined == [_solo(model, p, eos) for p in prompts]
+    stats = generation.stats
+    assert stats.rounds == len(rounds) and stats.relayouts >= 1  # rows that stopped left the batch
+    assert all(0 < s.total_time <= stats.total_time for s in stats.rows)
+    assert stats.to_dict()["new_tokens"] == sum(map(len, joined))
+
+
+def test_controllers_see_rows_and_the_batch_size(model) -> None:
+    from eesd_core.protocols import DraftStep, Request, RoundOutcome
+
+    seen: dict[str, list] = {"requests": [], "rows": set(), "outcomes": set()}
+
+    class Recorder:
+        def start(self, request: Request) -> None:
+            seen["requests"].append(request.batch_size)
+
+        def should_continue(self, step: DraftStep) -> bool:
+            seen["rows"].add(step.row)
+            return step.index < 2
+
+        def update(self, outcome: RoundOutcome) -> None:
+            seen["outcomes"].add(outcome.row)
+
+    from eesd_core.testing.kit import Setup, installed
+
+    setup = Setup(model, drafter="early_exit", drafter_options={"exit_layer": 1}, controller=Recorder)
+    with installed(setup.subjects()):
+        setup.build().generate(_prompts(5)[:3], max_new_tokens=6, eos_token_id=[])
+    assert seen == {"requests": [3], "rows": {0, 1, 2}, "outcomes": {0, 1, 2}}
+
+
+def test_the_gaps_are_squeezed_out_when_the_cache_would_overflow(model, heads) -> None:
+    """Rows accepting different numbers of drafts leave gaps; the cache is realigned, not grown."""
+    prompts = _prompts(6)
+    dec = SpeculativeDecoder(
+        model, controller="fixed", controller_options={"k": 4}, **_drafters(heads)["exit"]
+    )
+    generation = dec.stream(prompts, max_new_tokens=80, eos_token_id=[])
+    capacity = generation.layout.capacity
+    buffers = None
+    for _ in generation:
+        keys = generation.cache.keys[0]
+        buffers = keys.shape[2] if keys is not None else buffers
+        assert buffers is None or buffers == capacity
+    assert generation.stats.relayouts >= 1
+    assert [row[len(p) :] for row, p in zip(generation.sequences, prompts, strict=True)] == [
+        _solo(model, p, new=80) for p in prompts
+    ]
