@@ -9,6 +9,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from eesd_bench.batch import add_batch
 from eesd_bench.methods import GROUPS, PRESETS, expand_methods
 from eesd_bench.prompts import DEFAULT_QUESTIONS, load_questions, select
 
@@ -82,6 +83,7 @@ def add_bench(sub: Any) -> None:
     parser.add_argument("--name", default=None, help="model label in recorded file names")
     parser.add_argument("--no-progress", action="store_true")
     parser.set_defaults(func=run_bench)
+    add_batch(sub)
 
 
 def _head(choice: str, model_dir: Path, exit_layer: int | None) -> str | None:
