@@ -22,7 +22,14 @@ import importlib
 from typing import Any
 
 _HOMES = {
-    "checks": ["check_bounds", "check_greedy", "check_lossless", "check_round"],
+    "checks": [
+        "check_bounds",
+        "check_greedy",
+        "check_greedy_batch",
+        "check_lossless",
+        "check_lossless_batch",
+        "check_round",
+    ],
     "contracts": ["ControllerContract", "DrafterContract", "VerifierContract"],
     "controllers": ["ErraticController"],
     "errors": ["DistributionMismatch", "KitError", "ReplayError", "ToyInvariantError"],
@@ -30,7 +37,9 @@ _HOMES = {
     "oracles": [
         "assert_distributions_equal",
         "autoregressive_distribution",
+        "engine_batch_distribution",
         "engine_distribution",
+        "independent_rows",
         "lossless_step",
         "round_distribution",
         "step_distribution",
