@@ -118,6 +118,7 @@ class BatchGeneration:
         prompts: list[list[int]],
         config: GenerationConfig,
         rngs: list[RandomSource],
+        padded: torch.Tensor | None = None,
     ) -> None:
         self.decoder = decoder
         self.config = config
@@ -138,7 +139,7 @@ class BatchGeneration:
         self.layout = BatchLayout(rows, capacity, device)
         self.cache = decoder.adapter.new_cache(capacity=capacity)
         self.draft_state: Any = None
-        self.padded: torch.Tensor | None = None  # a tensor batch as given (the engine sets it)
+        self.padded = padded  # a tensor batch as given, for the padded output
         self.done = False
         self._started: float | None = None
         drafter = decoder.drafter

@@ -196,11 +196,8 @@ class SpeculativeDecoder:
             return Generation(self, prompt, config, rng if rng is not None else TorchRandom(config.seed))
         for prompt in batch.prompts:
             self._check_length(len(prompt), config.max_new_tokens)
-        generation = BatchGeneration(
-            self, batch.prompts, config, self._row_rngs(len(batch.prompts), seeds, rng)
-        )
-        generation.padded = batch.padded
-        return generation
+        rngs = self._row_rngs(len(batch.prompts), seeds, rng)
+        return BatchGeneration(self, batch.prompts, config, rngs, batch.padded)
 
     def _row_rngs(self, rows: int, seeds: Any, rng: Any) -> list[RandomSource]:
         if rng is not None:

@@ -44,8 +44,16 @@ def _confidence(rng: random.Random, easy: bool, sharpness: float) -> float:
     return rng.betavariate(1 + sharpness, 1) if easy else rng.betavariate(1, 1 + sharpness)
 
 
-def synthetic_trace(rate: float, persistence: float = 0.5, costs: CostModel = SMOL_CPU, prompts: int = 5,
-                    tokens: int = 64, k: int = 8, sharpness: float = 2.0, seed: int = 0) -> Trace:
+def synthetic_trace(
+    rate: float,
+    persistence: float = 0.5,
+    costs: CostModel = SMOL_CPU,
+    prompts: int = 5,
+    tokens: int = 64,
+    k: int = 8,
+    sharpness: float = 2.0,
+    seed: int = 0,
+) -> Trace:
     rng = random.Random(seed)
     traces = []
     for _ in range(prompts):

@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from bytetok import byte_tokenizer
 from eesd_bench.batch import batched_methods, interleave, left_pad, make_batch, summarize, until_eos
 from eesd_bench.prompts import Question
 from tinymodels import make_tiny
@@ -22,19 +23,7 @@ TEXTS = {
 
 
 def _tokenizer():
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{c: 3 + i for i, c in enumerate(sorted(alphabet))}}
-    core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
-    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    core.decoder = decoders.ByteLevel()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=core, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
-    )
-    tokenizer.chat_template = "{% for m in messages %}<s>{{ m['content'] }}{% endfor %}"
-    return tokenizer
+    return byte_tokenizer()
 
 
 def _greedy(model, prompt: list[int]) -> list[int]:

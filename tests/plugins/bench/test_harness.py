@@ -7,6 +7,7 @@ import mmap
 
 import pytest
 import torch
+from bytetok import byte_tokenizer
 from eesd_bench.memory import peak_during
 from eesd_bench.methods import parse_method
 from eesd_bench.prompts import Question
@@ -20,19 +21,7 @@ REPEATED = "the cat sat on the mat, the cat sat on the mat, the cat"
 
 
 def _tokenizer():
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{c: 3 + i for i, c in enumerate(sorted(alphabet))}}
-    core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
-    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    core.decoder = decoders.ByteLevel()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=core, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
-    )
-    tokenizer.chat_template = "{% for m in messages %}<s>{{ m['content'] }}{% endfor %}"
-    return tokenizer
+    return byte_tokenizer()
 
 
 @pytest.fixture

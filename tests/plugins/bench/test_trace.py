@@ -109,9 +109,13 @@ def test_replay_without_confidences():
     assert replay(trace, ctrl).tokens == 6 and set(ctrl.seen) == {None}
 
 
-@given(rate=st.floats(0.0, 1.0), persistence=st.floats(0.0, 0.95), seed=st.integers(0, 100),
-       name=st.sampled_from(["thompson", "fixed", "heuristic", "confidence", "ema", "ucb"]),
-       fast=st.booleans())
+@given(
+    rate=st.floats(0.0, 1.0),
+    persistence=st.floats(0.0, 0.95),
+    seed=st.integers(0, 100),
+    name=st.sampled_from(["thompson", "fixed", "heuristic", "confidence", "ema", "ucb"]),
+    fast=st.booleans(),
+)
 @settings(max_examples=25, deadline=None)
 def test_no_controller_beats_the_oracle(rate, persistence, seed, name, fast):
     costs = FAST_DRAFT if fast else SMOL_CPU
@@ -152,8 +156,13 @@ def recorded(tiny):
     """A tiny model, two prompts and their trace, recorded once for the module."""
     if not _RECORDED:
         model = tiny(seed=3)
-        dec = SpeculativeDecoder(model, drafter="early_exit", drafter_options={"exit_layer": 3},
-                                 controller="fixed", max_draft_tokens=4)
+        dec = SpeculativeDecoder(
+            model,
+            drafter="early_exit",
+            drafter_options={"exit_layer": 3},
+            controller="fixed",
+            max_draft_tokens=4,
+        )
         prompts = [[1, 5, 7, 9], [1, 11, 12]]
         _RECORDED["tiny"] = model, prompts, record_trace(dec, prompts, max_new_tokens=30)
     return _RECORDED["tiny"]
@@ -163,7 +172,7 @@ def test_recorded_trace_follows_the_greedy_output(recorded):
     model, prompts, trace = recorded
     plain = SpeculativeDecoder(model, drafter=None)
     for prompt, pt in zip(prompts, trace.prompts, strict=True):
-        expected = plain.generate(prompt, max_new_tokens=30).sequences[0, len(prompt):].tolist()
+        expected = plain.generate(prompt, max_new_tokens=30).sequences[0, len(prompt) :].tolist()
         assert list(pt.tokens) == expected
         assert len(pt.positions) == len(pt.tokens)
         for t, pos in enumerate(pt.positions):
@@ -177,8 +186,14 @@ def test_recorded_trace_follows_the_greedy_output(recorded):
 @pytest.mark.parametrize("k", [1, 3])
 def test_replay_matches_the_engine(recorded, k):
     model, prompts, trace = recorded
-    dec = SpeculativeDecoder(model, drafter="early_exit", drafter_options={"exit_layer": 3},
-                             controller="fixed", controller_options={"k": k}, max_draft_tokens=4)
+    dec = SpeculativeDecoder(
+        model,
+        drafter="early_exit",
+        drafter_options={"exit_layer": 3},
+        controller="fixed",
+        controller_options={"k": k},
+        max_draft_tokens=4,
+    )
     rounds = drafted = accepted = 0
     for prompt in prompts:
         stats = dec.generate(prompt, max_new_tokens=30).stats
