@@ -35,6 +35,12 @@ def add_distill_command(subparsers: Any) -> None:
     parser.add_argument(
         "--head-layers", type=int, default=1, help="decoder layers in the head, each a copy of --init-layer"
     )
+    parser.add_argument(
+        "--head-mlp-width",
+        type=int,
+        default=0,
+        help="hidden units kept in each head layer's MLP, those of largest weight norms (0: all)",
+    )
     parser.add_argument("--vocab-size-subset", type=int, default=0, help="K: draft over K tokens (0: all)")
     parser.add_argument(
         "--top-input",

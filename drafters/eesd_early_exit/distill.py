@@ -43,6 +43,7 @@ class DistillConfig:
     generate_batch: int = 16
     init_layer: int | None = None
     head_layers: int = 1
+    mlp_width: int = 0
     vocab_size_subset: int = 0
     top_input: bool = False
     capture_layers: tuple[int, ...] = ()
@@ -186,14 +187,18 @@ def evaluate_only(
 
 def new_head(adapter: Any, config: DistillConfig, vocab_ids: torch.Tensor | None) -> ExitHead:
     """A float32 exit head of ``head_layers`` copies of target layer ``init_layer`` (default: last)."""
-    head = ExitHead(
-        adapter,
-        config.exit_layer,
-        config.head_layers,
-        init_layer=config.init_layer,
-        vocab_ids=vocab_ids,
-        top_input=config.top_input,
-    )
+    try:
+        head = ExitHead(
+            adapter,
+            config.exit_layer,
+            config.head_layers,
+            init_layer=config.init_layer,
+            vocab_ids=vocab_ids,
+            top_input=config.top_input,
+            mlp_width=config.mlp_width or None,
+        )
+    except ValueError as exc:
+        raise ConfigError(f"--head-mlp-width {config.mlp_width}: {exc}.") from None
     head.init_layer = adapter.num_layers - 1 if config.init_layer is None else config.init_layer
     return head.float()
 
@@ -233,6 +238,23 @@ def _check(adapter: Any, config: DistillConfig) -> None:
         raise ConfigError(f"--teacher-top-k must be in [1, {adapter.vocab_size}], got {config.top_k}.")
     if config.vocab_size_subset < 0 or config.train.lr <= 0:
         raise ConfigError("--vocab-size-subset must be >= 0 and --lr > 0.")
+    if config.mlp_width:
+        _check_mlp_width(adapter, config)
+
+
+def _check_mlp_width(adapter: Any, config: DistillConfig) -> None:
+    from eesd_early_exit.head import mlp_width_of
+
+    source = adapter.num_layers - 1 if config.init_layer is None else config.init_layer
+    try:
+        width = mlp_width_of(adapter.copy_layer(source, 0))
+    except ValueError as exc:
+        raise ConfigError(f"--head-mlp-width cannot apply: {exc}.") from None
+    if not 1 <= config.mlp_width <= width:
+        raise ConfigError(
+            f"--head-mlp-width must be in 1..{width} (the MLP width of layer {source}), or 0 for all of it; "
+            f"got {config.mlp_width}."
+        )
 
 
 def _prompt_ids(prompts: Any, heldout: Any, tokenizer: Any) -> tuple[list[list[int]], list[list[int]]]:
@@ -304,6 +326,7 @@ def _config_from(args: argparse.Namespace) -> DistillConfig:
         generate_batch=args.generate_batch,
         init_layer=args.init_layer,
         head_layers=args.head_layers,
+        mlp_width=args.head_mlp_width,
         vocab_size_subset=args.vocab_size_subset,
         top_input=args.top_input,
         capture_layers=_numbers(args.capture_layers, int, "--capture-layers"),

@@ -59,6 +59,59 @@ class UntrainedHead(nn.Module):
         return self.adapter.logits(self.adapter.norm(h[:, -1])[None])
 
 
+def mlp_width_of(layer: nn.Module) -> int:
+    """The width of a decoder layer's gated MLP (its number of hidden units)."""
+    return int(_gated_mlp(layer)[0].out_features)
+
+
+def narrow_mlp(layer: nn.Module, width: int) -> None:
+    """Keep ``width`` of the hidden units of ``layer``'s gated MLP (``down(act(gate(x)) * up(x))``).
+
+    A narrower exit layer makes a smaller head file and a cheaper draft step. The units kept are
+    those whose three weight vectors have the largest product of norms: the ones that can move the
+    output most. Training then adapts the rest of the layer around the cut.
+    """
+    gate, up, down = _gated_mlp(layer)
+    if not 1 <= width <= gate.out_features:
+        raise ValueError(f"an MLP width must be in 1..{gate.out_features}, got {width}")
+    if width == gate.out_features:
+        return
+    with torch.no_grad():
+        score = gate.weight.float().norm(dim=1) * up.weight.float().norm(dim=1) * down.weight.float().norm(dim=0)
+        keep = score.topk(width).indices.sort().values
+        mlp = layer.mlp
+        mlp.gate_proj = _rows(gate, keep)
+        mlp.up_proj = _rows(up, keep)
+        narrow = nn.Linear(width, down.out_features, bias=down.bias is not None)
+        narrow = narrow.to(device=down.weight.device, dtype=down.weight.dtype)
+        narrow.weight.copy_(down.weight[:, keep])
+        if down.bias is not None:
+            narrow.bias.copy_(down.bias)
+        mlp.down_proj = narrow.requires_grad_(down.weight.requires_grad)
+    if hasattr(mlp, "intermediate_size"):
+        mlp.intermediate_size = width
+
+
+def _rows(linear: nn.Linear, keep: torch.Tensor) -> nn.Linear:
+    out = nn.Linear(linear.in_features, len(keep), bias=linear.bias is not None)
+    out = out.to(device=linear.weight.device, dtype=linear.weight.dtype)
+    out.weight.copy_(linear.weight[keep])
+    if linear.bias is not None:
+        out.bias.copy_(linear.bias[keep])
+    return out.requires_grad_(linear.weight.requires_grad)
+
+
+def _gated_mlp(layer: nn.Module) -> tuple[nn.Linear, nn.Linear, nn.Linear]:
+    mlp = getattr(layer, "mlp", None)
+    parts = tuple(getattr(mlp, name, None) for name in ("gate_proj", "up_proj", "down_proj"))
+    if not all(type(p) is nn.Linear for p in parts):
+        raise ValueError(
+            f"{type(layer).__name__} has no gated MLP of plain linear layers (mlp.gate_proj, up_proj, "
+            "down_proj), so its width cannot be changed"
+        )
+    return parts  # type: ignore[return-value]
+
+
 class ExitHead(nn.Module):
     """Exit decoder layer(s) + norm + LM head over the target's layer-N hidden states."""
 
@@ -70,6 +123,7 @@ class ExitHead(nn.Module):
         init_layer: int | None = None,
         vocab_ids: torch.Tensor | None = None,
         top_input: bool = False,
+        mlp_width: int | None = None,
     ) -> None:
         super().__init__()
         self.adapter = adapter
@@ -78,6 +132,10 @@ class ExitHead(nn.Module):
         self.top_input = top_input
         source = adapter.num_layers - 1 if init_layer is None else init_layer
         self.layers = nn.ModuleList(adapter.copy_layer(source, i) for i in range(num_layers))
+        if mlp_width:
+            for layer in self.layers:
+                narrow_mlp(layer, mlp_width)
+        self.mlp_width = mlp_width_of(self.layers[0]) if num_layers else 0
         self.norm = adapter.copy_norm()
         self.fuse = None
         if top_input:

@@ -99,6 +99,7 @@ def save_head(
         **describe_target(adapter),
         "exit_layer": str(head.exit_layer),
         "num_exit_layers": str(head.num_layers),
+        "mlp_width": str(getattr(head, "mlp_width", 0)),
         "init_layer": str(getattr(head, "init_layer", -1)),
         "vocab_subset": str(0 if head.vocab_ids is None else len(head.vocab_ids)),
         "exit_input": "hidden+top" if head.top_input else "hidden",
@@ -203,6 +204,7 @@ def load_head(path: str | Path, adapter: ModelAdapter) -> Any:
             init_layer=_source_layer(metadata, adapter),
             vocab_ids=vocab_ids,
             top_input=metadata.get("exit_input", "hidden") == "hidden+top",
+            mlp_width=int(metadata.get("mlp_width", "0")) or None,
         )
         dtype = adapter.dtype
         tensors.pop("subset_head.weight", None)  # frozen LM-head rows: rebuilt from the target

@@ -251,6 +251,7 @@ def _identity(head: Any, samples: list[Sample], settings: TrainSettings) -> str:
             "exit_layer": head.exit_layer,
             "top_input": head.top_input,
             "head_layers": head.num_layers,
+            "mlp_width": getattr(head, "mlp_width", 0),
             "vocab": vocab,
         },
         sort_keys=True,

@@ -287,9 +287,10 @@ def test_responses_at_several_temperatures(model: torch.nn.Module, tmp_path: Pat
 
 def test_vocab_subset_head_file(model: torch.nn.Module, tmp_path: Path) -> None:
     config = _config(tmp_path, epochs=1)
-    config.vocab_size_subset, config.eval_prompts = 30, 1
+    config.vocab_size_subset, config.mlp_width, config.eval_prompts = 30, 8, 1
     report = distill(model, config, _prompts(6), _prompts(1, seed=9), progress=False)
     assert read_metadata(config.out)["vocab_subset"] == "30"
+    assert read_metadata(config.out)["mlp_width"] == "8"
     assert report["eval"]["decoding"]["rounds"] > 0
 
 
@@ -302,6 +303,8 @@ def test_vocab_subset_head_file(model: torch.nn.Module, tmp_path: Path) -> None:
         {"top_k": 500},
         {"train": TrainSettings(epochs=0)},
         {"vocab_size_subset": -1},
+        {"mlp_width": -1},
+        {"mlp_width": 10_000},
         {"temperatures": ()},
         {"temperatures": (0.0, -1.0)},
         {"temperatures": (0.0, 0.8, 0.8)},

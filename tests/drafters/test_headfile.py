@@ -116,3 +116,32 @@ def test_auto_finds_the_shipped_head_of_this_model_only(
     # targets that are not Hugging Face models never match a shipped head
     toy = ToyAdapter(ToyModel(torch.full((1, 3), 1 / 3), window=0))
     assert headfile.find_shipped_head(toy) is None
+
+
+def test_a_narrow_head_keeps_its_strongest_units_and_loads_as_it_was_saved(adapter, tmp_path: Path) -> None:
+    from eesd_early_exit.head import mlp_width_of
+
+    full = ExitHead(adapter, 2)
+    width = mlp_width_of(full.layers[0])
+    narrow = ExitHead(adapter, 2, mlp_width=width // 4)
+    gate, narrow_gate = full.layers[0].mlp.gate_proj.weight, narrow.layers[0].mlp.gate_proj.weight
+    assert narrow.mlp_width == width // 4 and narrow_gate.shape == (width // 4, gate.shape[1])
+    # every kept unit is a unit of the copied layer, whole: its gate, up and down weights together
+    for row in range(width // 4):
+        unit = int((gate == narrow_gate[row]).all(dim=1).nonzero()[0, 0])
+        assert torch.equal(narrow.layers[0].mlp.up_proj.weight[row], full.layers[0].mlp.up_proj.weight[unit])
+        assert torch.equal(narrow.layers[0].mlp.down_proj.weight[:, row], full.layers[0].mlp.down_proj.weight[:, unit])
+    path = save_head(narrow, adapter, tmp_path / "narrow.safetensors")
+    assert read_metadata(path)["mlp_width"] == str(width // 4)
+    assert path.stat().st_size < save_head(full, adapter, tmp_path / "full.safetensors").stat().st_size
+    loaded = load_head(path, adapter)
+    assert loaded.mlp_width == width // 4
+    h = torch.randn(1, 3, adapter.hidden_size)
+    rounded = {k: v.to(torch.bfloat16).float() for k, v in narrow.trainable_state().items()}
+    narrow.load_state_dict(rounded, strict=False)  # as stored: in bfloat16
+    with torch.no_grad():
+        expected = narrow.logits(narrow.hidden(h, 0, narrow.new_cache(), None))
+        got = loaded.logits(loaded.hidden(h, 0, loaded.new_cache(), None))
+    torch.testing.assert_close(got, expected)
+    with pytest.raises(ValueError, match="MLP width must be in"):
+        ExitHead(adapter, 2, mlp_width=width + 1)
