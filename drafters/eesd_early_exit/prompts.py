@@ -6,6 +6,17 @@ templates: 78 topics x 23 generic tasks (explain, summarise, poem, dialogue, tra
 The held-out set takes 28 prompts from 8 topics that never occur in the training set, plus everyday,
 code and arithmetic prompts; the two sets share no prompt. Keeping Spec-Bench out of training keeps
 the benchmark an honest measure of the head.
+
+``prompts/code-train.json`` (640 prompts) and ``prompts/code-heldout.json`` (48) are a code-heavy set
+for distilling the exit heads of coder models such as Qwen2.5-Coder-1.5B-Instruct. They fill templates
+of our own: 87 functions to write (strings, collections, parsing, recursion, generators, files,
+regular expressions, dates, sorting, searching, graphs, dynamic programming), classes, dataclasses,
+argparse scripts, SQL queries, shell one-liners, tests, and 37 short snippets (5-15 lines) to fix,
+explain, refactor, annotate, test or convert to another language, which makes the model repeat code.
+About half are in Python, the rest in JavaScript, TypeScript, Go, Rust, C, Java, SQL and Bash. The
+held-out set draws on tasks and 7 snippets that never occur in the training set; the two share no
+prompt. The generator is deterministic: regenerate both files with
+``python drafters/eesd_early_exit/prompts/make_code_prompts.py``.
 """
 
 from __future__ import annotations
@@ -18,7 +29,7 @@ from typing import Any
 from eesd_core.errors import ConfigError
 
 PROMPT_DIR = Path(__file__).parent / "prompts"
-SPLITS = ("train", "heldout")
+SPLITS = ("train", "heldout", "code-train", "code-heldout")
 
 
 def load_prompts(split: str = "train", path: str | Path | None = None) -> list[Any]:
