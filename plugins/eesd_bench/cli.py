@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from eesd_bench.batch import add_batch
 from eesd_bench.methods import GROUPS, PRESETS, expand_methods
 from eesd_bench.prompts import DEFAULT_QUESTIONS, load_questions, select
+from eesd_core.errors import ConfigError
 
 if TYPE_CHECKING:
     from eesd_bench.runners import BenchSettings
@@ -31,6 +32,13 @@ def add_bench(sub: Any) -> None:
     )
     parser.add_argument(
         "--model", default="smollm2-135m-instruct", help="checkpoint directory or known model"
+    )
+    parser.add_argument(
+        "--assistant-model",
+        default=None,
+        metavar="MODEL",
+        help="hf_assisted's draft model: checkpoint directory or known model sharing the target's "
+        "tokenizer (loaded once, in --dtype)",
     )
     parser.add_argument("--cache-dir", default=None, help="where fetched models live")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "float64"])
@@ -111,6 +119,25 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any, Path]:
     return model, AutoTokenizer.from_pretrained(path), path
 
 
+def _assistant(args: argparse.Namespace, methods: list[Any], tokenizer: Any, notes: list[str]) -> str | None:
+    """The checkpoint of ``hf_assisted``'s draft model, its tokenizer checked against the target's."""
+    from transformers import AutoTokenizer
+
+    from eesd_core.registry import resolve_model
+
+    if not any(m.kind == "hf_assisted" for m in methods):
+        if args.assistant_model:
+            notes.append("--assistant-model unused: no hf_assisted method was asked for")
+        return None
+    path = resolve_model(args.assistant_model, cache_dir=args.cache_dir)
+    if AutoTokenizer.from_pretrained(path).get_vocab() != tokenizer.get_vocab():
+        raise ConfigError(
+            f"The assistant model {args.assistant_model!r} does not share the target's tokenizer: "
+            "hf_assisted needs a draft model of the same family."
+        )
+    return str(path)
+
+
 def _registered() -> dict[str, list[str]]:
     from eesd_core.registry import KINDS, get_manager
 
@@ -124,6 +151,8 @@ def run_bench(args: argparse.Namespace) -> int:
     from eesd_core.cli import encode_prompt
 
     methods, notes = expand_methods(args.methods, _registered())
+    if any(m.kind == "hf_assisted" for m in methods) and not args.assistant_model:
+        raise ConfigError("hf_assisted drafts with a separate model: name it with --assistant-model.")
     questions = select(load_questions(args.questions), args.per_category, args.subset_seed)
     model, tokenizer, path = _load(args)
     prompts = [(q, encode_prompt(tokenizer, q.text)) for q in questions]
@@ -134,12 +163,15 @@ def run_bench(args: argparse.Namespace) -> int:
         args.exit_layer,
         _head(args.head, path, args.exit_layer),
         args.max_draft_tokens,
+        _assistant(args, methods, tokenizer, notes),
     )
     early_exit = None
     if any(("drafter", "early_exit") in m.plugins() for m in methods):
         early_exit = early_exit_decoder(model, settings).drafter
     name = args.name or (args.model if "/" not in args.model else path.name)
-    session = Session(model, prompts, methods, settings, notes=notes, model_name=args.model)
+    session = Session(
+        model, prompts, methods, settings, notes, model_name=args.model, assistant_name=args.assistant_model
+    )
     result = session.run(
         baseline=args.baseline, runs=args.runs, group_by=args.group_by, progress=not args.no_progress
     )

@@ -5,6 +5,12 @@ A spec is ``KIND`` or ``KIND:key=value,...`` with KIND one of
 - ``hf``: transformers' ``generate()``, plain decoding (the baseline);
 - ``hf_early_exit``: transformers' ``generate(assistant_early_exit=N)``; key ``exit_layer``
   (default: the N the early-exit drafter chooses for the run's head);
+- ``hf_assisted``: transformers' ``generate(assistant_model=draft)`` with the separate draft model
+  of ``--assistant-model``; keys ``num_assistant_tokens``, ``num_assistant_tokens_schedule`` and
+  ``assistant_confidence_threshold`` set the draft's generation config (transformers' defaults:
+  20, ``constant``, 0.4);
+- ``hf_prompt_lookup``: transformers' ``generate(prompt_lookup_num_tokens=k)``; keys ``k`` (default
+  10, as transformers' docs suggest) and ``max_ngram`` (its ``max_matching_ngram_size``, default 2);
 - ``eesd``: a :class:`~eesd_core.engine.SpeculativeDecoder`; keys ``drafter`` (``none`` for plain
   decoding), ``controller``, ``verifier``, ``max_draft_tokens``, and ``matmul`` (the model
   adapter's short-pass product: ``auto``, ``standard`` or ``transposed``); ``drafter.X`` and
@@ -13,7 +19,8 @@ A spec is ``KIND`` or ``KIND:key=value,...`` with KIND one of
 - ``oracle``: not run, but replayed from a recorded trace (the best draft length in hindsight).
 
 Values are read as JSON where they parse (``4``, ``0.5``, ``true``), ``none`` as ``None``, and as
-strings otherwise. Plug-ins are named, never imported: the registry builds them.
+strings otherwise. An ``hf`` kind refuses keys it does not know. Plug-ins are named, never imported:
+the registry builds them.
 """
 
 from __future__ import annotations
@@ -24,12 +31,25 @@ from typing import Any
 
 from eesd_core.errors import ConfigError
 
-KINDS = ("hf", "hf_early_exit", "eesd", "oracle")
+KINDS = ("hf", "hf_early_exit", "hf_assisted", "hf_prompt_lookup", "eesd", "oracle")
 DECODER_KEYS = ("drafter", "controller", "verifier", "max_draft_tokens")
+ASSISTANT_SCHEDULES = ("constant", "heuristic", "heuristic_transient")
+HF_KEYS: dict[str, tuple[str, ...]] = {
+    "hf": (),
+    "hf_early_exit": ("exit_layer",),
+    "hf_assisted": (
+        "num_assistant_tokens",
+        "num_assistant_tokens_schedule",
+        "assistant_confidence_threshold",
+    ),
+    "hf_prompt_lookup": ("k", "max_ngram"),
+}
 
 PRESETS: dict[str, str] = {
     "hf": "hf",
     "hf_early_exit": "hf_early_exit",
+    "hf_assisted": "hf_assisted",
+    "hf_prompt_lookup": "hf_prompt_lookup",
     "eesd_plain": "eesd:drafter=none",
     "eesd_plain_standard": "eesd:drafter=none,matmul=standard",
     "eesd_default_standard": "eesd:matmul=standard",
@@ -69,7 +89,9 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "eesd_thompson_bernoulli",
     ),
 }
-GROUPS["all"] = GROUPS["default"] + GROUPS["controllers"] + ("eesd_prompt_lookup_k4", "oracle")
+GROUPS["all"] = (
+    GROUPS["default"] + GROUPS["controllers"] + ("eesd_prompt_lookup_k4", "hf_prompt_lookup", "oracle")
+)
 
 
 @dataclass(frozen=True)
@@ -101,6 +123,33 @@ class MethodSpec:
                 controller_options[key.removeprefix("controller.")] = value
         kwargs.update(drafter_options=drafter_options, controller_options=controller_options)
         return kwargs
+
+    def generation_options(self) -> dict[str, Any]:
+        """Checked ``GenerationConfig`` keywords of an ``hf_prompt_lookup`` or ``hf_assisted`` spec.
+
+        transformers reads those of ``hf_assisted`` from the draft model's own generation config.
+        """
+        if self.kind == "hf_prompt_lookup":
+            return {
+                "prompt_lookup_num_tokens": self._whole("k", 10),
+                "max_matching_ngram_size": self._whole("max_ngram", 2),
+            }
+        if self.kind != "hf_assisted":
+            return {}
+        self._whole("num_assistant_tokens", 20)
+        if self.options.get("num_assistant_tokens_schedule", "constant") not in ASSISTANT_SCHEDULES:
+            schedules = ", ".join(ASSISTANT_SCHEDULES)
+            raise ConfigError(f"Method {self.name!r}: num_assistant_tokens_schedule is one of {schedules}.")
+        threshold = self.options.get("assistant_confidence_threshold", 0.4)
+        if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not 0 <= threshold <= 1:
+            raise ConfigError(f"Method {self.name!r}: assistant_confidence_threshold is a number in [0, 1].")
+        return dict(self.options)
+
+    def _whole(self, key: str, default: int) -> int:
+        value = self.options.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"Method {self.name!r}: {key} is a whole number of at least 1, not {value!r}.")
+        return value
 
     def plugins(self) -> list[tuple[str, str]]:
         """The (kind, name) pairs of registered plug-ins this method needs."""
@@ -140,6 +189,10 @@ def parse_method(text: str) -> MethodSpec:
         if not sep or not key:
             raise ConfigError(f"Method {text!r}: {item!r} is not key=value.")
         options[key.strip()] = _value(value.strip())
+    unknown = sorted(set(options) - set(HF_KEYS.get(kind, options)))
+    if unknown:
+        known = ", ".join(HF_KEYS[kind]) or "none"
+        raise ConfigError(f"Method {text!r}: {kind} has no key {', '.join(unknown)} (its keys: {known}).")
     return MethodSpec(name, kind, options)
 
 

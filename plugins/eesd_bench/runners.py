@@ -1,11 +1,13 @@
 """One runner per method: generate from a prompt, time the call, report what the method did.
 
 Every runner times the whole ``generate`` call from the outside, prefill included, as Spec-Bench
-does, so that no method is timed by its own clock. All runners share one loaded model.
+does, so that no method is timed by its own clock. All runners share one loaded model, and every
+``hf_assisted`` runner one loaded draft model.
 """
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +28,7 @@ class BenchSettings:
     ``exit_layer`` and ``head`` go to every early-exit method as they are: ``head`` is a head
     file, ``None`` (the target's own norm and LM head) or ``"auto"`` (the head the early-exit
     drafter ships for this exact target, if any); ``exit_layer=None`` lets the drafter choose N.
+    ``assistant`` is the checkpoint directory of ``hf_assisted``'s draft model.
     """
 
     max_new_tokens: int = 128
@@ -34,6 +37,7 @@ class BenchSettings:
     exit_layer: int | None = None
     head: str | None = None
     max_draft_tokens: int = 8
+    assistant: str | None = None
 
     @property
     def greedy(self) -> bool:
@@ -91,16 +95,73 @@ def resolve_exit_layer(model: Any, settings: BenchSettings) -> int:
     return int(early_exit_decoder(model, settings).drafter.shared_layers)
 
 
-class HFRunner:
-    """transformers' ``generate()``, plain or with ``assistant_early_exit``; counts target passes."""
+def load_assistant(path: str | Path, model: Any) -> Any:
+    """``hf_assisted``'s draft model, in the target's dtype and on its device."""
+    from transformers import AutoModelForCausalLM
 
-    def __init__(self, model: Any, exit_layer: int | None = None) -> None:
+    assistant = AutoModelForCausalLM.from_pretrained(path, dtype=model.dtype)
+    return assistant.to(model.device).eval()
+
+
+def check_assistant(model: Any, assistant: Any) -> None:
+    """A draft model must share the target's vocabulary: transformers compares their logits."""
+    ours = model.config.get_text_config().vocab_size
+    theirs = assistant.config.get_text_config().vocab_size
+    if ours != theirs:
+        raise ConfigError(
+            f"The assistant model's vocabulary ({theirs} tokens) is not the target's ({ours}): "
+            "pass an --assistant-model of the same family, with the same tokenizer."
+        )
+
+
+def assistant_record(assistant: Any, name: str | None = None) -> dict[str, Any]:
+    """What a result says of the draft model: its name, checkpoint, size and dtype."""
+    parameters = list(assistant.parameters())
+    return {
+        "name": name or str(getattr(assistant, "name_or_path", "") or type(assistant).__name__),
+        "path": str(getattr(assistant, "name_or_path", "")),
+        "parameters": sum(p.numel() for p in parameters),
+        "parameter_bytes": sum(p.numel() * p.element_size() for p in parameters),
+        "dtype": str(parameters[0].dtype).removeprefix("torch."),
+    }
+
+
+class HFRunner:
+    """transformers' ``generate()``; counts target passes.
+
+    Plain, or with ``assistant_early_exit`` (``exit_layer``), a separate draft model
+    (``assistant``, whose generation config gets ``assistant_options``) or other
+    ``GenerationConfig`` keywords (``options``: prompt lookup's).
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        exit_layer: int | None = None,
+        *,
+        options: dict[str, Any] | None = None,
+        assistant: Any = None,
+        assistant_options: dict[str, Any] | None = None,
+    ) -> None:
         self.model = model
         self.exit_layer = exit_layer
+        self.options = dict(options or {})
+        self.assistant = assistant
         self.base_config = getattr(model, model.base_model_prefix).config
         self.num_layers = self.base_config.num_hidden_layers
+        if assistant is not None:
+            check_assistant(model, assistant)
+            # transformers writes the "heuristic" schedule's draft length back into this config:
+            # each runner keeps its own, so methods sharing the draft model do not steer each other.
+            self.assistant_config = copy.deepcopy(assistant.generation_config)
+            self.assistant_config.update(**(assistant_options or {}))
 
     def _generation_config(self, settings: BenchSettings) -> Any:
+        """The run's settings, the rest neutral.
+
+        ``generate()`` fills every field left unset from the checkpoint's own generation config, so
+        a default there that changes the tokens (Qwen's repetition penalty) is set back here.
+        """
         from transformers import GenerationConfig
 
         own = self.model.generation_config
@@ -113,13 +174,19 @@ class HFRunner:
             eos_token_id=eos,
             pad_token_id=pad,
             bos_token_id=own.bos_token_id,
+            repetition_penalty=1.0,
             assistant_early_exit=self.exit_layer,
             **sampling,
+            **self.options,
         )
 
     def generate(self, prompt: list[int], settings: BenchSettings, seed: int) -> Output:
         config = self._generation_config(settings)
         ids = torch.tensor([prompt], dtype=torch.long, device=self.model.device)
+        extra: dict[str, Any] = {}
+        if self.assistant is not None:
+            self.assistant.generation_config = self.assistant_config
+            extra["assistant_model"] = self.assistant
         passes = [0]
 
         def count(module: Any, args: Any) -> None:
@@ -129,7 +196,9 @@ class HFRunner:
         torch.manual_seed(seed)
         try:
             started = time.perf_counter()
-            out = self.model.generate(ids, generation_config=config, attention_mask=torch.ones_like(ids))
+            out = self.model.generate(
+                ids, generation_config=config, attention_mask=torch.ones_like(ids), **extra
+            )
             seconds = time.perf_counter() - started
         finally:
             hook.remove()
@@ -186,11 +255,25 @@ def eesd_kwargs(spec: MethodSpec, settings: BenchSettings) -> dict[str, Any]:
     return kwargs
 
 
-def build_runner(spec: MethodSpec, model: Any, settings: BenchSettings) -> HFRunner | EesdRunner:
+def build_runner(
+    spec: MethodSpec, model: Any, settings: BenchSettings, assistant: Any = None
+) -> HFRunner | EesdRunner:
+    """The runner of ``spec``; ``hf_assisted`` uses ``assistant``, else loads ``settings.assistant``."""
     if spec.kind == "hf":
         return HFRunner(model)
     if spec.kind == "hf_early_exit":
         return HFRunner(model, spec.options.get("exit_layer") or resolve_exit_layer(model, settings))
+    if spec.kind == "hf_prompt_lookup":
+        return HFRunner(model, options=spec.generation_options())
+    if spec.kind == "hf_assisted":
+        options = spec.generation_options()
+        if assistant is None and settings.assistant is None:
+            raise ConfigError(
+                f"Method {spec.name!r} drafts with a separate model: name it with --assistant-model "
+                "(a checkpoint directory or a known model of the target's family)."
+            )
+        draft = assistant if assistant is not None else load_assistant(settings.assistant, model)
+        return HFRunner(model, assistant=draft, assistant_options=options)
     if spec.kind == "eesd":
         return EesdRunner(model, eesd_kwargs(spec, settings))
     raise ConfigError(f"Method {spec.name!r} ({spec.kind}) is not run per prompt.")

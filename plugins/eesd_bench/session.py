@@ -2,9 +2,10 @@
 
 The result is one JSON-ready dict: ``environment``, ``settings``, ``methods``, every raw
 ``samples`` record, the ``summary``, greedy ``mismatches``, ``products`` (how each eesd method's
-model adapter ran its short passes), and ``memory``, ``modelled`` and ``oracle`` when asked for
-(``None`` otherwise), plus ``notes`` on anything left out. Schema 2 replaced schema 1's ``matmul``
-with ``products``.
+model adapter ran its short passes), ``assistant`` (the draft model of ``hf_assisted``: name,
+checkpoint, parameters, parameter bytes, dtype), and ``memory``, ``modelled`` and ``oracle`` when
+asked for (``None`` otherwise), plus ``notes`` on anything left out. Schema 2 replaced schema 1's
+``matmul`` with ``products``.
 """
 
 from __future__ import annotations
@@ -32,10 +33,14 @@ class Session:
         settings: BenchSettings,
         notes: Sequence[str] = (),
         model_name: str | None = None,
+        assistant: Any = None,
+        assistant_name: str | None = None,
     ) -> None:
+        """``assistant`` is ``hf_assisted``'s draft model, loaded from ``settings.assistant`` if absent."""
         self.model, self.prompts, self.methods, self.settings = model, list(prompts), list(methods), settings
         self.notes = list(notes)
         self.model_name = model_name or str(getattr(model, "name_or_path", "") or type(model).__name__)
+        self.assistant, self.assistant_name = assistant, assistant_name
         self.sections: list[list[str]] = []
 
     @property
@@ -50,7 +55,8 @@ class Session:
         from eesd_bench.run import run_benchmark
         from eesd_bench.runners import build_runner
 
-        runners = {m.name: build_runner(m, self.model, self.settings) for m in self.timed}
+        assistant = self._assistant()
+        runners = {m.name: build_runner(m, self.model, self.settings, assistant) for m in self.timed}
         total = runs * len(self.prompts) * len(self.timed)
         with _progress(total, progress) as bar:
             samples = run_benchmark(
@@ -76,6 +82,7 @@ class Session:
             "methods": [{"name": m.name, "kind": m.kind, "options": m.options} for m in self.methods],
             "notes": self.notes,
             "products": self._products(runners),
+            "assistant": self._assistant_record(),
             "summary": summarize(samples, names, baseline, group_by),
             "mismatches": mismatches(samples),
             "memory": None,
@@ -83,6 +90,27 @@ class Session:
             "oracle": None,
             "samples": samples,
         }
+
+    def _assistant(self) -> Any:
+        """The draft model of the ``hf_assisted`` methods, loaded once; ``None`` if none is run."""
+        from eesd_bench.runners import load_assistant
+
+        wanted = any(m.kind == "hf_assisted" for m in self.timed)
+        if wanted and self.assistant is None and self.settings.assistant:
+            self.assistant = load_assistant(self.settings.assistant, self.model)
+        return self.assistant if wanted else None
+
+    def _assistant_record(self) -> dict[str, Any] | None:
+        from eesd_bench.runners import assistant_record
+
+        if self._assistant() is None:
+            return None
+        record = assistant_record(self.assistant, self.assistant_name)
+        self.notes.append(
+            f"hf_assisted drafts with {record['name']}: {record['parameters'] / 1e6:.1f} M parameters, "
+            f"{record['parameter_bytes'] / 2**20:.1f} MiB in {record['dtype']}"
+        )
+        return record
 
     def _products(self, runners: dict[str, Any]) -> dict[str, str] | None:
         """How each eesd method's model adapter ran its short passes (chosen during the run)."""
