@@ -9,7 +9,7 @@ GEMM path that reads the weights once: 2.3 ms for two rows of that LM head, and 
 row padded with a row of zeros.
 
 Which path is faster depends on the back-end, the CPU, the thread count and m, so it is measured:
-:func:`calibrate` times whole passes of the model both ways for every m and keeps the transposed
+:func:`calibrate` times passes of the model both ways for every m and keeps the transposed
 product only where it wins clearly, twice. Both compute the same sums in another order, so results
 differ from ``F.linear``'s in the last bits only, as any change of kernel does; the verifier
 compares the drafter's q with whatever p the target computes, so decoding stays lossless, and
@@ -38,6 +38,8 @@ MODES = ("auto", "standard", "transposed")
 # overlapping timings, to be used: on a 2-core machine shared with other work a pass varies by 10%
 # from one run to the next, and F.linear is the product transformers itself uses.
 MARGIN = 0.85
+# Decoder-layer weights a calibration pass reads at most; the rest of the layers are extrapolated.
+SAMPLE_BYTES = 512 << 20
 
 
 def transposed_linear(
@@ -125,10 +127,8 @@ def fixed_plan(rows: Iterable[int]) -> MatmulPlan:
 Samples = dict[int, tuple[list[float], list[float]]]
 
 
-def _measure(
-    run: Callable[[int, bool], None], counts: list[int], repeats: int, clock: Callable[[], float]
-) -> Samples:
-    """Times of ``run(m, transposed)``, (standard, transposed), ``repeats`` each, for each m.
+def _measure(run: Callable[[int, bool], float], counts: list[int], repeats: int) -> Samples:
+    """The times ``run(m, transposed)`` returns, (standard, transposed), ``repeats`` each, for each m.
 
     Repeats sweep all row counts, up and down in turn, and swap which product goes first, so a
     drift of the machine's speed falls on both products and on every m alike.
@@ -140,9 +140,7 @@ def _measure(
     for r in range(repeats):
         for m in counts if r % 2 == 0 else reversed(counts):
             for transposed in (False, True) if r % 2 == 0 else (True, False):
-                start = clock()
-                run(m, transposed)
-                times[m][transposed].append(clock() - start)
+                times[m][transposed].append(run(m, transposed))
     return times
 
 
@@ -167,15 +165,20 @@ def calibrate(
     repeats: int = 5,
     clock: Callable[[], float] = time.perf_counter,
     only: Iterable[int] | None = None,
+    sample_bytes: int = SAMPLE_BYTES,
 ) -> MatmulPlan:
-    """Time whole passes of the adapter's model over m = 1 .. ``max_rows`` positions both ways
+    """Time passes of the adapter's model over m = 1 .. ``max_rows`` positions both ways
     (or over the row counts in ``only``).
 
-    Each pass runs every layer, the final norm and the LM head after ``context`` cached positions,
-    on a scratch cache; the model's weights are only read. A row count where the transposed
-    product wins clearly (:func:`_wins`) is measured again, and is planned only if it wins again.
-    About ``2 * (repeats + 1)`` passes per m, plus ``2 * repeats`` per winner: several seconds for a
-    135M-parameter model on a 2-core CPU. The adapter's own plan is restored afterwards.
+    Each pass runs the decoder layers, the final norm and the LM head after ``context`` cached
+    positions, on a scratch cache; the model's weights are only read. A row count where the
+    transposed product wins clearly (:func:`_wins`) is measured again, and is planned only if it
+    wins again. About ``2 * (repeats + 1)`` passes per m, plus ``2 * repeats`` per winner.
+
+    A model whose layers weigh more than ``sample_bytes`` runs only as many of its layers as fit
+    (at least one): their time, scaled to all layers, plus the LM head's is the time of a pass.
+    The layers of a decoder are alike, so the sample decides as the whole would, and a 1.5B model
+    calibrates in seconds rather than minutes. The adapter's own plan is restored afterwards.
     """
     if repeats < 2:
         raise ValueError("calibration needs at least two repeats to see how much passes vary")
@@ -184,22 +187,45 @@ def calibrate(
     counts = sorted(set(only)) if only is not None else range(1, max_rows + 1)
     zeros = [torch.zeros(m, dtype=torch.long, device=device) for m in counts]
     inputs = {len(ids): adapter.embed(ids) for ids in zeros}
+    layers = sampled_layers(adapter, sample_bytes)
+    scale = adapter.num_layers / layers
 
-    def run(m: int, transposed: bool) -> None:
+    def run(m: int, transposed: bool) -> float:
         adapter.products = fixed_plan([m]) if transposed else MatmulPlan()
-        adapter.logits(adapter.norm(adapter.run_layers(inputs[m], 0, adapter.num_layers, cache, context)))
+        start = clock()
+        hidden = adapter.run_layers(inputs[m], 0, layers, cache, context)
+        if layers == adapter.num_layers:
+            adapter.logits(adapter.norm(hidden))
+            seconds = clock() - start
+        else:
+            middle = clock()
+            adapter.logits(adapter.norm(hidden))
+            seconds = scale * (middle - start) + clock() - middle
         cache.crop(context)
+        return seconds
 
     try:
         with torch.inference_mode():
             prefix = adapter.embed(torch.zeros(context, dtype=torch.long, device=device))
-            adapter.run_layers(prefix, 0, adapter.num_layers, cache, 0)
-            first = _measure(run, list(inputs), repeats, clock)
-            again = _measure(run, [m for m, (s, t) in first.items() if _wins(s, t)], repeats, clock)
+            adapter.run_layers(prefix, 0, layers, cache, 0)
+            first = _measure(run, list(inputs), repeats)
+            again = _measure(run, [m for m, (s, t) in first.items() if _wins(s, t)], repeats)
     finally:
         adapter.products = saved
     rows = frozenset(m for m, (s, t) in again.items() if _wins(s, t))
     return MatmulPlan(rows, _medians(first) | _medians(again))
+
+
+def sampled_layers(adapter: Any, sample_bytes: int) -> int:
+    """How many of the adapter's decoder layers a calibration pass runs: all of them if their
+    weights fit in ``sample_bytes``, else as many as fit, and at least one."""
+    stack = getattr(adapter, "_layers", None)
+    if not stack:
+        return int(adapter.num_layers)
+    per_layer = sum(p.numel() * p.element_size() for p in stack[0].parameters())
+    if per_layer * adapter.num_layers <= sample_bytes:
+        return int(adapter.num_layers)
+    return max(1, min(int(adapter.num_layers), sample_bytes // max(per_layer, 1)))
 
 
 _DECISIONS: weakref.WeakKeyDictionary[Any, dict[int, dict[int, tuple[bool, Any]]]] = (

@@ -213,3 +213,17 @@ def test_transposed_decoding_matches_transformers(family: str, dtype: torch.dtyp
 def test_bad_adapter_options_are_config_errors(options: dict) -> None:
     with pytest.raises(ConfigError, match="matmul"):
         SpeculativeDecoder(make_tiny("llama", 0), adapter_options=options)
+
+
+def test_a_large_model_calibrates_on_a_sample_of_its_layers(spy: list[int]) -> None:
+    """Past ``sample_bytes`` of layer weights a pass runs fewer layers and scales their time up:
+    the clock is read three times a pass, and a pass costs ``layers / sampled`` layer times plus
+    the head's."""
+    adapter = find_adapter(make_tiny("llama", 1, dtype=torch.float32))
+    assert products.sampled_layers(adapter, 1 << 40) == adapter.num_layers
+    assert products.sampled_layers(adapter, 1) == 1
+    scale = adapter.num_layers
+    plan = calibrate(adapter, 3, context=5, repeats=3, sample_bytes=1,
+                     clock=_Clock(lambda transposed, n: 1.0 if transposed else 2.0, spy))
+    assert plan.rows == frozenset({1, 2, 3})
+    assert all(t == (2.0 * scale + 2.0, 1.0 * scale + 1.0) for t in plan.timings.values())
