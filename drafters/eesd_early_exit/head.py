@@ -77,7 +77,9 @@ def narrow_mlp(layer: nn.Module, width: int) -> None:
     if width == gate.out_features:
         return
     with torch.no_grad():
-        score = gate.weight.float().norm(dim=1) * up.weight.float().norm(dim=1) * down.weight.float().norm(dim=0)
+        score = (
+            gate.weight.float().norm(dim=1) * up.weight.float().norm(dim=1) * down.weight.float().norm(dim=0)
+        )
         keep = score.topk(width).indices.sort().values
         mlp = layer.mlp
         mlp.gate_proj = _rows(gate, keep)
