@@ -80,3 +80,4 @@ def test_demo_streams_and_compares_with_plain_decoding(smollm2, capsys: pytest.C
     assert "target layers [0, 6) + exit head smollm2-135m-instruct-n6-top.safetensors" in out
     assert "reading the target's top state" in out
     assert "plain decoding" in out and "tokens/s" in out
+    assert "transformers generate()" in out and "x transformers" in out
