@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -412,20 +411,9 @@ def probe(request: dict[str, Any]) -> dict[str, Any]:
 
 def probe_in_child(request: dict[str, Any], timeout: float = 1800) -> dict[str, Any]:
     """:func:`probe` in a fresh process; a failure comes back as ``{"error": ...}``."""
-    try:
-        done = subprocess.run(
-            [sys.executable, "-m", "eesd_bench.batch"],
-            input=json.dumps(request),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout:.0f} s"}
-    if done.returncode != 0:
-        return {"error": (done.stderr.strip().splitlines() or ["failed"])[-1]}
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    from eesd_bench.memory import run_child
+
+    return run_child("eesd_bench.batch", request, timeout)
 
 
 # -- the page, the plot and the files ---------------------------------------------------------------

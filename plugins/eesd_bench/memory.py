@@ -114,9 +114,15 @@ def measure(
         "dtype": dtype,
         "threads": threads,
     }
+    return run_child("eesd_bench.memory", request, timeout)
+
+
+def run_child(module: str, request: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """Run ``python -m module`` with ``request`` as JSON on stdin and return the JSON of its last
+    line; a failure or a timeout comes back as ``{"error": ...}``."""
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "eesd_bench.memory"],
+            [sys.executable, "-m", module],
             input=json.dumps(request),
             capture_output=True,
             text=True,
