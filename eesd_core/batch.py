@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from eesd_core.config import GenerationConfig
+from eesd_core.devices import HOST
 from eesd_core.errors import ConfigError
 from eesd_core.generation import RoundDrafts, sample_draft
 from eesd_core.protocols import Draft, DraftStep, RandomSource, Request, RoundOutcome, SamplingParams
@@ -127,13 +128,13 @@ class BatchGeneration:
         rows, width = len(prompts), max(len(p) for p in prompts)
         k = decoder.config.max_draft_tokens
         self.stats = BatchStats(rows=[GenerationStats(prompt_tokens=len(p)) for p in prompts])
-        self.tokens = torch.zeros(rows, width + config.max_new_tokens + k + 1, dtype=torch.long)
+        self.tokens = torch.zeros(rows, width + config.max_new_tokens + k + 1, dtype=torch.long, device=HOST)
         for row, prompt in enumerate(prompts):
-            self.tokens[row, : len(prompt)] = torch.tensor(prompt, dtype=torch.long)
+            self.tokens[row, : len(prompt)] = torch.tensor(prompt, dtype=torch.long, device=HOST)
         self.lengths = [len(p) for p in prompts]
         self.prompt_lengths = list(self.lengths)
         self.finished = [False] * rows
-        self.ids = torch.arange(rows)  # the row of each slot row of the cache
+        self.ids = torch.arange(rows, device=HOST)  # the row of each slot row of the cache
         device = decoder.adapter.device
         capacity = width + config.max_new_tokens + max(config.max_new_tokens // 4, 2 * (k + 1)) + k + 1
         self.layout = BatchLayout(rows, capacity, device)
@@ -186,12 +187,12 @@ class BatchGeneration:
         dec.prepare(len(self.lengths))
         adapter, drafter = dec.adapter, dec.drafter
         width = max(self.lengths) - 1
-        feed = torch.zeros(len(self.lengths), width, dtype=torch.long)
+        feed = torch.zeros(len(self.lengths), width, dtype=torch.long, device=HOST)
         for row, length in enumerate(self.lengths):
             start = width - (length - 1)
             feed[row, start:] = self.tokens[row, : length - 1]
             layout.valid[row, start:width] = True
-            layout.positions[row, start:width] = torch.arange(length - 1)
+            layout.positions[row, start:width] = torch.arange(length - 1, device=layout.positions.device)
         layout.slots = width
         shared = drafter.shared_layers if self._batched else 0  # type: ignore[union-attr]
         hidden = top = None
@@ -327,7 +328,7 @@ class BatchGeneration:
                     self.draft_state,
                     tokens,
                     slot,
-                    torch.tensor(drafting),  # type: ignore[union-attr]
+                    torch.tensor(drafting, device=self.layout.valid.device),  # type: ignore[union-attr]
                 )
                 guard.check_batch_logits(logits, len(rows))
             for j, row in enumerate(rows):
@@ -373,7 +374,7 @@ class BatchGeneration:
 
     def _feed(self, rows: list[int], step: int) -> torch.Tensor:
         """The token each slot row feeds at ``step`` (the pending token at 0); padding reads 0."""
-        out = torch.zeros(len(rows), dtype=torch.long)
+        out = torch.zeros(len(rows), dtype=torch.long, device=HOST)
         for j, row in enumerate(rows):
             if self.layout.valid[j, self.layout.slots + step]:
                 out[j] = self.tokens[row, self.lengths[row] - 1 + step]
@@ -383,8 +384,10 @@ class BatchGeneration:
         """Slot ``start + step`` holds position ``length - 1 + step`` of every feeding row."""
         slot = start + step
         layout = self.layout
-        layout.valid[:, slot] = torch.tensor(feeding)
-        layout.positions[:, slot] = torch.tensor([self.lengths[row] - 1 + step for row in rows])
+        layout.valid[:, slot] = torch.tensor(feeding, device=layout.valid.device)
+        layout.positions[:, slot] = torch.tensor(
+            [self.lengths[row] - 1 + step for row in rows], device=layout.positions.device
+        )
 
     def _target(
         self, rows: list[int], start: int, m: int, hidden: torch.Tensor | None
@@ -442,7 +445,7 @@ class BatchGeneration:
             tokens, self.finished[row] = tokens[:remaining], True
             stats.stopped_by = stats.stopped_by or "max_new_tokens"
         length = self.lengths[row]
-        self.tokens[row, length : length + len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+        self.tokens[row, length : length + len(tokens)] = torch.tensor(tokens, dtype=torch.long, device=HOST)
         self.lengths[row] += len(tokens)
         stats.new_tokens += len(tokens)
         return tokens
@@ -459,7 +462,7 @@ class BatchGeneration:
         full = layout.slots + self.decoder.config.max_draft_tokens + 1 > layout.capacity
         if not (leave or full):
             return
-        keep = torch.tensor(alive if leave else list(range(len(rows))), dtype=torch.long)
+        keep = torch.tensor(alive if leave else list(range(len(rows))), dtype=torch.long, device=HOST)
         index = layout.aligned(keep.to(layout.valid.device))
         drafter = self.decoder.drafter
         if drafter is not None:

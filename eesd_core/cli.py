@@ -67,6 +67,18 @@ def add_decoder_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verifier", default="lossless")
     parser.add_argument("--max-draft-tokens", type=int, default=8)
     parser.add_argument("--cache-dir", default=None, help="where fetched models live (default: XDG cache)")
+    add_device_arguments(parser)
+
+
+def add_device_arguments(parser: argparse.ArgumentParser, dtype: str = "float32") -> None:
+    """``--device`` and ``--dtype``: where the model runs and the precision of its weights."""
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or mps (default: cpu)")
+    parser.add_argument(
+        "--dtype",
+        default=dtype,
+        choices=["float32", "bfloat16", "float16", "float64"],
+        help=f"precision of the weights (default: {dtype}); p and q are still computed in float32",
+    )
 
 
 def load_decoder(args: argparse.Namespace, **overrides: Any) -> Any:
@@ -84,7 +96,7 @@ def load_decoder(args: argparse.Namespace, **overrides: Any) -> Any:
         max_draft_tokens=args.max_draft_tokens,
     )
     options.update(overrides)
-    return SpeculativeDecoder.from_pretrained(str(path), **options)
+    return SpeculativeDecoder.from_pretrained(str(path), dtype=args.dtype, device=args.device, **options)
 
 
 def encode_prompt(tokenizer: Any, text: str, chat: bool = True) -> list[int]:

@@ -16,6 +16,7 @@ import torch
 from eesd_core.batch import BatchGeneration, BatchStats
 from eesd_core.config import DecoderConfig, generation_config, validate
 from eesd_core.costs import CostTracker
+from eesd_core.devices import HOST
 from eesd_core.errors import ConfigError, InputError
 from eesd_core.generation import Generation
 from eesd_core.guards import Guarded
@@ -30,7 +31,8 @@ PREPARED_ROWS = 16  # past this many rows a pass is compute-bound: F.linear serv
 
 @dataclass
 class GenerationResult:
-    """``sequences``: prompt and new tokens ``[1, T + n]``, like transformers; ``stats``: totals."""
+    """``sequences``: prompt and new tokens ``[1, T + n]``, like transformers (in host memory,
+    wherever the model runs); ``stats``: totals."""
 
     sequences: torch.Tensor
     stats: GenerationStats
@@ -109,11 +111,24 @@ class SpeculativeDecoder:
 
     @classmethod
     def from_pretrained(
-        cls, path: str, *, dtype: torch.dtype = torch.float32, **kwargs: Any
+        cls,
+        path: str,
+        *,
+        dtype: str | torch.dtype = torch.float32,
+        device: str | torch.device | None = None,
+        **kwargs: Any,
     ) -> SpeculativeDecoder:
-        """Load a local HF checkpoint (never remote code) and its tokenizer, then build a decoder."""
+        """Load a local HF checkpoint (never remote code) and its tokenizer, then build a decoder.
+
+        ``dtype`` (``torch.bfloat16`` or ``"bfloat16"``) is the precision of the weights;
+        ``device`` (``"cuda"``, default the CPU) is where they live and every pass runs. Both are
+        checked before the weights are read.
+        """
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        from eesd_core.devices import resolve_device, resolve_dtype
+
+        dtype, where = resolve_dtype(dtype), resolve_device(device)
         try:
             model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=False)
         except (OSError, ValueError) as exc:
@@ -121,7 +136,7 @@ class SpeculativeDecoder:
                 f"Could not load a causal LM checkpoint from {path!r}: {exc}. Pass a directory "
                 "with config.json and safetensors weights (`eesd models fetch` makes one)."
             ) from None
-        model.eval()
+        model.to(where).eval()
         try:
             tokenizer = AutoTokenizer.from_pretrained(path)
         except (OSError, ValueError):
@@ -168,7 +183,7 @@ class SpeculativeDecoder:
         for _ in generation:
             pass
         if isinstance(generation, Generation):
-            sequences = torch.tensor([generation.sequence], dtype=torch.long)
+            sequences = torch.tensor([generation.sequence], dtype=torch.long, device=HOST)
             return GenerationResult(sequences=sequences, stats=generation.stats)
         return BatchResult(self._batch_sequences(generation, pad_token_id), generation.stats)
 
@@ -217,15 +232,19 @@ class SpeculativeDecoder:
         rows = generation.sequences
         padded = generation.padded
         if padded is None:
-            return [torch.tensor(row, dtype=torch.long) for row in rows]
+            return [torch.tensor(row, dtype=torch.long, device=HOST) for row in rows]
         new = [row[length:] for row, length in zip(rows, generation.prompt_lengths, strict=True)]
         width = max(len(tokens) for tokens in new)
         if any(len(tokens) < width for tokens in new):
             pad_token_id = self._pad_id(pad_token_id)
-        out = torch.full((padded.shape[0], padded.shape[1] + width), pad_token_id or 0, dtype=torch.long)
+        out = torch.full(
+            (padded.shape[0], padded.shape[1] + width), pad_token_id or 0, dtype=torch.long, device=HOST
+        )
         out[:, : padded.shape[1]] = padded
         for row, tokens in enumerate(new):
-            out[row, padded.shape[1] : padded.shape[1] + len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+            out[row, padded.shape[1] : padded.shape[1] + len(tokens)] = torch.tensor(
+                tokens, dtype=torch.long, device=HOST
+            )
         return out
 
     def _pad_id(self, pad_token_id: int | None) -> int:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from eesd_core.config import GenerationConfig
+from eesd_core.devices import HOST
 from eesd_core.protocols import Draft, DraftStep, RandomSource, Request, RoundOutcome, SamplingParams
 from eesd_core.sampling import check_finite, confidence, process_logits
 from eesd_core.stats import GenerationStats
@@ -70,12 +71,11 @@ def sample_draft(
     assert logits is not None
     check_finite(logits, "Draft")
     if sampling.greedy:
-        probs = torch.softmax(logits.float(), dim=-1)
-        token = int(logits.argmax())
-        return (token, None, *confidence(probs, token))
+        token, prob, top, entropy = confidence(torch.softmax(logits.float(), dim=-1), logits.argmax())
+        return (token, None, prob, top, entropy)
     probs = process_logits(logits[None], sampling)[0]
-    token = rng.categorical(probs)
-    return (token, probs, *confidence(probs, token))
+    token, prob, top, entropy = confidence(probs, rng.categorical(probs))
+    return (token, probs, prob, top, entropy)
 
 
 class Generation:
@@ -90,8 +90,9 @@ class Generation:
         self.sampling = SamplingParams(config.temperature, config.top_k, config.top_p)
         self.stats = GenerationStats(prompt_tokens=len(prompt))
         capacity = len(prompt) + config.max_new_tokens + decoder.config.max_draft_tokens + 1
-        self.tokens = torch.zeros(capacity, dtype=torch.long)  # committed tokens, then this round's drafts
-        self.tokens[: len(prompt)] = torch.tensor(prompt, dtype=torch.long)
+        # committed tokens, then this round's drafts; host memory: the engine reads them every round
+        self.tokens = torch.zeros(capacity, dtype=torch.long, device=HOST)
+        self.tokens[: len(prompt)] = torch.tensor(prompt, dtype=torch.long, device=HOST)
         self.length = len(prompt)
         self.prompt_length = len(prompt)
         self.cache = decoder.adapter.new_cache(
@@ -264,7 +265,8 @@ class Generation:
         if len(tokens) >= self.remaining:
             tokens, self.done = tokens[: self.remaining], True
             self.stats.stopped_by = self.stats.stopped_by or "max_new_tokens"
-        self.tokens[self.length : self.length + len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+        new = torch.tensor(tokens, dtype=torch.long, device=HOST)
+        self.tokens[self.length : self.length + len(tokens)] = new
         self.length += len(tokens)
         self.stats.new_tokens += len(tokens)
         return tokens

@@ -72,11 +72,13 @@ def _keep_top_p(scores: torch.Tensor, top_p: float) -> torch.Tensor:
     return scores.masked_fill(drop, -math.inf)
 
 
-def confidence(probs: torch.Tensor, token: int) -> tuple[float, float, float]:
-    """(q of ``token``, top-1 probability, entropy in nats) of one distribution. # [V]"""
-    positive = probs[probs > 0]
-    entropy = float(-(positive * positive.log()).sum())
-    return float(probs[token]), float(probs.max()), entropy
+def confidence(probs: torch.Tensor, token: int | torch.Tensor) -> tuple[int, float, float, float]:
+    """(``token``, its q, top-1 probability, entropy in nats) of one distribution ``[V]``, read
+    from the device in one transfer (``token`` may still be a tensor there)."""
+    token = torch.as_tensor(token, device=probs.device)
+    values = [token, probs[token], probs.max(), torch.special.entr(probs).sum()]
+    index, prob, top, entropy = torch.stack([v.double() for v in values]).tolist()
+    return int(index), prob, top, entropy
 
 
 def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -111,4 +113,6 @@ class TorchRandom:
     def categorical(self, probs: torch.Tensor) -> int:
         if probs.dtype in (torch.float16, torch.bfloat16):
             probs = probs.float()
+        if probs.device != self.generator.device:  # one seed, one text: wherever the model runs
+            probs = probs.to(self.generator.device)
         return int(torch.multinomial(probs, 1, generator=self.generator))

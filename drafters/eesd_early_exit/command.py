@@ -62,6 +62,12 @@ def add_distill_command(subparsers: Any) -> None:
     parser.add_argument("--eval-max-new-tokens", type=int, default=128)
     parser.add_argument("--eval-k", type=int, default=8, help="drafts per round in the eval")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        help="where the target generates the data and the head trains: cpu, cuda, cuda:N, mps "
+        "(the head trains in float32 whatever the device)",
+    )
     parser.add_argument("--no-progress", action="store_true")
     parser.set_defaults(func=_run)
 

@@ -290,7 +290,7 @@ def run_distill(args: argparse.Namespace) -> int:
     if args.eval_only is None and (args.exit_layer is None or args.out is None):
         raise ConfigError("eesd distill needs --exit-layer and --out (or --eval-only HEAD).")
     path = resolve_model(args.model, cache_dir=args.cache_dir)
-    dec = SpeculativeDecoder.from_pretrained(str(path), drafter=None)
+    dec = SpeculativeDecoder.from_pretrained(str(path), drafter=None, device=args.device)
     config = _config_from(args)
     heldout = load_prompts(path=args.heldout_file) if args.heldout_file else load_prompts("heldout")
     heldout = heldout[: args.heldout]

@@ -84,8 +84,10 @@ def narrow_mlp(layer: nn.Module, width: int) -> None:
         mlp = layer.mlp
         mlp.gate_proj = _rows(gate, keep)
         mlp.up_proj = _rows(up, keep)
-        narrow = nn.Linear(width, down.out_features, bias=down.bias is not None)
-        narrow = narrow.to(device=down.weight.device, dtype=down.weight.dtype)
+        weight = down.weight
+        narrow = nn.Linear(
+            width, down.out_features, bias=down.bias is not None, device=weight.device, dtype=weight.dtype
+        )
         narrow.weight.copy_(down.weight[:, keep])
         if down.bias is not None:
             narrow.bias.copy_(down.bias)
@@ -95,8 +97,13 @@ def narrow_mlp(layer: nn.Module, width: int) -> None:
 
 
 def _rows(linear: nn.Linear, keep: torch.Tensor) -> nn.Linear:
-    out = nn.Linear(linear.in_features, len(keep), bias=linear.bias is not None)
-    out = out.to(device=linear.weight.device, dtype=linear.weight.dtype)
+    out = nn.Linear(
+        linear.in_features,
+        len(keep),
+        bias=linear.bias is not None,
+        device=linear.weight.device,
+        dtype=linear.weight.dtype,
+    )
     out.weight.copy_(linear.weight[keep])
     if linear.bias is not None:
         out.bias.copy_(linear.bias[keep])
@@ -143,18 +150,20 @@ class ExitHead(nn.Module):
         if top_input:
             # starts as the paper's head: h_N passes through, the top state is weighted zero
             size = adapter.hidden_size
-            self.fuse = nn.Linear(2 * size, size, bias=False)
+            self.fuse = nn.Linear(2 * size, size, bias=False, device=adapter.device, dtype=adapter.dtype)
             with torch.no_grad():
                 self.fuse.weight.zero_()
-                self.fuse.weight[:, :size].copy_(torch.eye(size))
-            self.fuse.to(adapter.dtype)
+                self.fuse.weight[:, :size].copy_(torch.eye(size, device=adapter.device))
+        if vocab_ids is not None:
+            vocab_ids = vocab_ids.to(adapter.device)
         self.register_buffer("vocab_ids", vocab_ids, persistent=False)
         weight = adapter.lm_head_weight
         self.subset_head = None
         if vocab_ids is not None:
-            self.subset_head = nn.Linear(weight.shape[1], len(vocab_ids), bias=False)
-            self.subset_head.weight.data.copy_(weight.data[vocab_ids])
-            self.subset_head.to(weight.dtype)
+            self.subset_head = nn.Linear(
+                weight.shape[1], len(vocab_ids), bias=False, device=weight.device, dtype=weight.dtype
+            )
+            self.subset_head.weight.data.copy_(weight.data[vocab_ids.to(weight.device)])
 
     def new_cache(self) -> KVCache:
         return KVCache(self.num_layers)

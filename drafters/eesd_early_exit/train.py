@@ -215,7 +215,7 @@ def _train(
         for index in order[step - epoch * per_epoch :]:
             if step >= stop:
                 break
-            batch = collate(samples, index, mapping)
+            batch = {name: t.to(lm_weight.device) for name, t in collate(samples, index, mapping).items()}
             for group in opt.param_groups:
                 group["lr"] = lr_at(step, total, settings)
             logits, states = forward_states(head, lm_weight, batch)

@@ -171,7 +171,7 @@ def test_sampled_rows_do_not_depend_on_the_batch(model, heads) -> None:
         out = make().generate(prompts, max_new_tokens=12, temperature=0.9, seed=seeds, eos_token_id=[])
         alone = [
             make().generate(p, max_new_tokens=12, temperature=0.9, seed=s, eos_token_id=[])
-            for p, s in zip(prompts, seeds)
+            for p, s in zip(prompts, seeds, strict=True)
         ]
         assert [r.tolist() for r in out.sequences] == [a.sequences[0].tolist() for a in alone]
         pair = make().generate(

@@ -130,7 +130,8 @@ def test_a_narrow_head_keeps_its_strongest_units_and_loads_as_it_was_saved(adapt
     for row in range(width // 4):
         unit = int((gate == narrow_gate[row]).all(dim=1).nonzero()[0, 0])
         assert torch.equal(narrow.layers[0].mlp.up_proj.weight[row], full.layers[0].mlp.up_proj.weight[unit])
-        assert torch.equal(narrow.layers[0].mlp.down_proj.weight[:, row], full.layers[0].mlp.down_proj.weight[:, unit])
+        down = narrow.layers[0].mlp.down_proj.weight[:, row]
+        assert torch.equal(down, full.layers[0].mlp.down_proj.weight[:, unit])
     path = save_head(narrow, adapter, tmp_path / "narrow.safetensors")
     assert read_metadata(path)["mlp_width"] == str(width // 4)
     assert path.stat().st_size < save_head(full, adapter, tmp_path / "full.safetensors").stat().st_size

@@ -18,8 +18,9 @@ ROOT = Path(__file__).resolve().parents[2]
 CORE = ROOT / "eesd_core"
 CATEGORIES = ("drafters", "controllers", "verifiers", "plugins")
 # The runtime only (the test kit aside): 2,149 lines for one sequence, plus about 660 for batched
-# decoding (eesd_core/batch.py and the batch input handling of the engine).
-CORE_LINE_BUDGET = 2900
+# decoding (eesd_core/batch.py and the batch input handling of the engine), plus about 40 to name
+# devices and dtypes (eesd_core/devices.py).
+CORE_LINE_BUDGET = 2930
 
 
 def plugin_packages() -> dict[str, Path]:

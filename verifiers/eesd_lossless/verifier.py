@@ -36,15 +36,19 @@ class LosslessVerifier:
         p: torch.Tensor,  # [k+1, V]
         rng: RandomSource,
     ) -> tuple[int, int]:
-        for i, draft in enumerate(draft_tokens.tolist()):
-            p_row = p[i]
-            target = float(p_row[draft])
-            proposed = 1.0 if q is None else float(q[i, draft])
-            if proposed > 0 and rng.bernoulli(min(1.0, target / proposed)):
+        drafts = draft_tokens.tolist()
+        k = len(drafts)
+        # p_i(d_i) and q_i(d_i) of every draft in one read from the device
+        at = torch.arange(k, device=p.device), draft_tokens.to(p.device)
+        targets = p[at].tolist()
+        proposals = [1.0] * k if q is None else q[at[0], at[1].to(q.device)].tolist()
+        for i, draft in enumerate(drafts):
+            if proposals[i] > 0 and rng.bernoulli(min(1.0, targets[i] / proposals[i])):
                 continue
+            p_row = p[i]
             q_row = _one_hot(draft, p_row) if q is None else q[i].to(p_row.dtype)
             return i, _draw(residual(p_row, q_row), rng)
-        return len(draft_tokens), _draw(p[len(draft_tokens)], rng)
+        return k, _draw(p[k], rng)
 
 
 def _one_hot(token: int, like: torch.Tensor) -> torch.Tensor:
@@ -55,6 +59,5 @@ def _one_hot(token: int, like: torch.Tensor) -> torch.Tensor:
 
 def _draw(probs: torch.Tensor, rng: RandomSource) -> int:
     """A token from ``probs``; a one-hot distribution is read, not sampled, so greedy is exact."""
-    if int((probs > 0).sum()) == 1:
-        return int(probs.argmax())
-    return rng.categorical(probs)
+    support, top = torch.stack([(probs > 0).sum(), probs.argmax()]).tolist()
+    return top if support == 1 else rng.categorical(probs)
