@@ -11,6 +11,8 @@ extra (``pip install eesd[test]``: pytest, hypothesis, scipy).
 * :mod:`~eesd_core.testing.statistical`: ``assert_same_distribution`` with a stated false-fail rate.
 * :mod:`~eesd_core.testing.strategies`: Hypothesis strategies; :mod:`~eesd_core.testing.toy`: the
   toy target and drafter; :mod:`~eesd_core.testing.hf`: tiny random Hugging Face models.
+* :mod:`~eesd_core.testing.agreement`: greedy agreement with a reference in any precision (the tie
+  rule for bfloat16/float16).
 
 Names are imported on first use, so that loading the pytest plug-in costs nothing and the
 Hypothesis profile is in force before the contract classes are defined.
@@ -22,6 +24,7 @@ import importlib
 from typing import Any
 
 _HOMES = {
+    "agreement": ["GreedyAgreement", "compare_greedy", "logits_after", "tie_tolerance"],
     "checks": [
         "check_bounds",
         "check_greedy",

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from eesd_bench.batch import add_batch
 from eesd_bench.methods import GROUPS, PRESETS, expand_methods
 from eesd_bench.prompts import DEFAULT_QUESTIONS, load_questions, select
+from eesd_core.cli import add_device_arguments
 from eesd_core.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -41,7 +42,7 @@ def add_bench(sub: Any) -> None:
         "tokenizer (loaded once, in --dtype)",
     )
     parser.add_argument("--cache-dir", default=None, help="where fetched models live")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "float64"])
+    add_device_arguments(parser)
     parser.add_argument("--questions", default=str(DEFAULT_QUESTIONS), help="Spec-Bench question.jsonl")
     parser.add_argument(
         "--per-category",
@@ -109,13 +110,15 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any, Path]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging
 
+    from eesd_core.devices import resolve_device, resolve_dtype
     from eesd_core.registry import resolve_model
 
     logging.set_verbosity_error()
     if args.threads:
         torch.set_num_threads(args.threads)
     path = resolve_model(args.model, cache_dir=args.cache_dir)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, args.dtype)).eval()
+    dtype, device = resolve_dtype(args.dtype), resolve_device(args.device)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
     return model, AutoTokenizer.from_pretrained(path), path
 
 
@@ -186,7 +189,12 @@ def run_bench(args: argparse.Namespace) -> int:
         early_exit_drafter=None if early_exit is None else early_exit.describe(),
     )
     if args.memory:
-        session.add_memory(result, str(path), args.dtype, args.threads)
+        if model.device.type != "cpu":
+            from eesd_bench.batch import CPU_ONLY_MEMORY
+
+            result["notes"].append(CPU_ONLY_MEMORY)
+        else:
+            session.add_memory(result, str(path), args.dtype, args.threads)
     if args.modelled:
         session.add_modelled(result)
     if any(m.kind == "oracle" for m in methods):

@@ -41,6 +41,7 @@ def method_row(samples: Sequence[dict[str, Any]], baseline_tps: float | None) ->
     seconds = _total(samples, "seconds")
     timed_parts = any("draft_time" in s for s in samples)
     checked = [s["equal"] for s in samples if s.get("equal") is not None]
+    ties = sum(1 for s in samples if s.get("tie"))
     return {
         "samples": len(samples),
         "new_tokens": fmean(s["new_tokens"] for s in samples),
@@ -52,6 +53,7 @@ def method_row(samples: Sequence[dict[str, Any]], baseline_tps: float | None) ->
         "draft_share": _ratio(_total(samples, "draft_time"), seconds) if timed_parts else None,
         "verify_share": _ratio(_total(samples, "verify_time"), seconds) if timed_parts else None,
         "equal": sum(checked),
+        "ties": ties,
         "checked": len(checked),
     }
 
@@ -83,7 +85,8 @@ def summarize(
 
 
 def mismatches(samples: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The greedy outputs that differ from the baseline's, with where they first differ."""
+    """The greedy outputs that differ from the baseline's, with where they first differ (a tie in
+    half precision is not one: :func:`ties` lists those)."""
     return [
         {
             "method": s["method"],
@@ -93,7 +96,21 @@ def mismatches(samples: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             "new_tokens": s["new_tokens"],
         }
         for s in samples
-        if s.get("equal") is False
+        if s.get("equal") is False and not s.get("tie")
+    ]
+
+
+def ties(samples: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Half-precision outputs that part from the baseline's where its top-2 logits tie."""
+    return [
+        {
+            "method": s["method"],
+            "question_id": s["question_id"],
+            "first_diff": s["first_diff"],
+            "gap": s["tie_gap"],
+        }
+        for s in samples
+        if s.get("tie")
     ]
 
 
@@ -204,6 +221,15 @@ def markdown(result: dict[str, Any], sections: Iterable[Sequence[str]] = ()) -> 
                 f"{w['method']} on question {w['question_id']} from token {w['first_diff']}" for w in wrong
             )
         )
+        tied = result.get("ties") or []
+        if tied:
+            lines.append(
+                f"{len(tied)} outputs part from the baseline's at a tie of its top-2 logits (half "
+                "precision; within 4 units in the last place, so not a mismatch): "
+                + "; ".join(
+                    f"{t['method']} on question {t['question_id']} at token {t['first_diff']}" for t in tied
+                )
+            )
     else:
         lines.append(
             "Not checked: sampled runs differ by design; losslessness at temperature > 0 is a "

@@ -51,14 +51,32 @@ def _sample(
     return sample
 
 
-def _check(samples: list[dict[str, Any]], outputs: dict[str, list[int]], baseline: str, greedy: bool) -> None:
-    """Mark each sample equal or not to the baseline's tokens; keep tokens where they matter."""
+def _check(
+    samples: list[dict[str, Any]],
+    outputs: dict[str, list[int]],
+    baseline: str,
+    greedy: bool,
+    model: Any = None,
+    prompt: Sequence[int] = (),
+) -> None:
+    """Mark each sample equal or not to the baseline's tokens; keep tokens where they matter.
+
+    In bfloat16/float16 a difference where the baseline's top-2 logits are within rounding is
+    marked ``tie`` and is not a mismatch (the rule of :mod:`eesd_core.testing.agreement`)."""
+    from eesd_core.testing.agreement import compare_greedy, logits_after
+
     reference = outputs[baseline]
+    dtype = getattr(model, "dtype", None)
     for sample in samples:
         tokens = outputs[sample["method"]]
         diff = first_difference(tokens, reference) if greedy else None
         sample["equal"] = (diff is None) if greedy else None
         sample["first_diff"] = diff
+        if diff is not None and dtype is not None:
+            rows = (lambda i: logits_after(model, [*prompt, *reference[:i]])) if model is not None else None
+            agreement = compare_greedy(reference, tokens, dtype, rows)
+            sample["tie"] = agreement.tie
+            sample["tie_gap"] = agreement.gap
         if sample["method"] == baseline or diff is not None:
             sample["tokens"] = tokens
 
@@ -103,6 +121,6 @@ def run_benchmark(
                 batch.append(_sample(output, spec, question, prompt, run))
                 if progress is not None:
                     progress(1)
-            _check(batch, outputs, baseline, settings.greedy)
+            _check(batch, outputs, baseline, settings.greedy, model, prompt)
             samples.extend(batch)
     return samples

@@ -18,7 +18,7 @@ from typing import Any
 
 from eesd_bench.methods import MethodSpec
 from eesd_bench.prompts import Question
-from eesd_bench.report import markdown, mismatches, summarize
+from eesd_bench.report import markdown, mismatches, summarize, ties
 from eesd_bench.runners import BenchSettings
 
 SCHEMA = "eesd-bench/2"
@@ -85,6 +85,7 @@ class Session:
             "assistant": self._assistant_record(),
             "summary": summarize(samples, names, baseline, group_by),
             "mismatches": mismatches(samples),
+            "ties": ties(samples),
             "memory": None,
             "modelled": None,
             "oracle": None,
