@@ -1,5 +1,5 @@
 # Targets a newcomer needs; each sets up .venv on first use.
-.PHONY: demo test test-fast lint typecheck bench
+.PHONY: demo test test-fast test-vllm lint typecheck bench
 
 demo:
 	./scripts/bootstrap.sh
@@ -8,6 +8,11 @@ demo:
 test:
 	./scripts/bootstrap.sh test
 	.venv/bin/python -m pytest -q
+
+# The vLLM proposer in a real vLLM engine (its CPU build, in .venv-vllm: about 3 GB, 3 minutes)
+test-vllm:
+	./scripts/bootstrap-vllm.sh
+	.venv-vllm/bin/python -m pytest -q tests/plugins/vllm_proposer
 
 test-fast:
 	./scripts/bootstrap.sh test

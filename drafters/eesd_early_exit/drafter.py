@@ -106,6 +106,12 @@ class EarlyExitDrafter(BatchDrafting):
             self._defer(state, hidden)
         return state
 
+    def extend(self, state: ExitState, hidden: torch.Tensor) -> None:
+        """Take the layer-N states ``[1, m, H]`` of committed positions that someone else ran
+        through layers [0, N) over ``state.cache`` (a serving engine's proposer catching up on
+        the tokens its target accepted); the exit layers see them at the next step."""
+        self._defer(state, hidden)
+
     def step(self, state: ExitState, token: int, position: int, history: torch.Tensor) -> Draft:
         first = not state.round_states
         h, rotary = self._lower(state, token, position)

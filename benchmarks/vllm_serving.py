@@ -1,0 +1,217 @@
+"""vLLM (CPU build) with and without speculation, at several numbers of concurrent requests.
+
+Methods: ``plain`` (no speculation), ``ngram`` (vLLM's prompt lookup), ``draft`` (a separate draft
+model, ``--draft-model``), ``eesd`` (the eesd proposer, head ``auto``). Each method runs in a
+process of its own (two engines do not share a process), and the processes take turns:
+``--rounds`` rounds of every method, the order rotating each round, so that slow drifts of the
+machine fall on every method alike. Inside a process, each concurrency level c runs its prompts in
+waves of c requests submitted together, after one untimed warm-up wave. Throughput is new tokens
+over wall time; latency is the wave's time (every request of a wave finishes within it). Greedy
+outputs of every method must equal plain vLLM's, prompt by prompt.
+
+    python benchmarks/vllm_serving.py --model smollm2-135m-instruct --methods plain ngram eesd \\
+        --concurrency 1 4 16 --prompts 16 --max-tokens 64 --rounds 2 --out benchmarks/out/vllm.json
+
+It needs vLLM's CPU build in the environment (``make test-vllm`` makes one in ``.venv-vllm``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def encode(model: str, count: int, seed: int) -> tuple[str, list[list[int]]]:
+    """Spec-Bench prompts through the model's chat template (categories in turn)."""
+    from eesd_bench.prompts import DEFAULT_QUESTIONS, load_questions, select
+    from transformers import AutoTokenizer
+
+    from eesd_core.cli import encode_prompt
+    from eesd_core.registry import resolve_model
+
+    path = str(resolve_model(model))
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    chosen = select(load_questions(DEFAULT_QUESTIONS), max(1, -(-count // 13)), seed)
+    by_category: dict[str, list] = {}
+    for q in chosen:
+        by_category.setdefault(q.category, []).append(q)
+    order = [
+        g[i]
+        for i in range(max(len(g) for g in by_category.values()))
+        for g in by_category.values()
+        if i < len(g)
+    ]
+    return path, [encode_prompt(tokenizer, q.text) for q in order[:count]]
+
+
+def worker(args: argparse.Namespace) -> None:
+    """One method in this process: every concurrency level, in waves; JSON to ``--result``."""
+    from eesd_vllm import engine
+
+    prompts = json.loads(Path(args.prompt_file).read_text())
+    options = json.loads(args.options)
+    llm = engine.start(
+        args.path,
+        args.method,
+        args.k,
+        draft_model=args.draft_path,
+        options=options,
+        max_model_len=args.max_model_len,
+        dtype=args.dtype,
+    )
+    proposer = engine.proposer_of(llm)
+    engine.run(llm, prompts[:2], args.max_tokens)  # warm-up
+    out = {"method": args.method, "levels": {}}
+    for c in args.concurrency:
+        waves = [prompts[i : i + c] for i in range(0, len(prompts), c)]
+        engine.run(llm, waves[0], args.max_tokens)  # warm-up at this concurrency
+        before = dict(proposer.stats) if proposer is not None and hasattr(proposer, "stats") else None
+        tokens, seconds = [], []
+        for wave in waves:
+            result = engine.run(llm, wave, args.max_tokens)
+            tokens.extend(result["tokens"])
+            seconds.append(result["seconds"])
+        level = {
+            "tokens": tokens,
+            "wave_seconds": seconds,
+            "new_tokens": sum(len(t) for t in tokens),
+            "seconds": sum(seconds),
+        }
+        if before is not None:
+            after = proposer.stats
+            level["proposer"] = {k: after[k] - before[k] for k in after}
+        out["levels"][str(c)] = level
+    if proposer is not None and hasattr(proposer, "memory_bytes"):
+        out["proposer_bytes"] = proposer.memory_bytes()
+        out["proposer"] = proposer.describe()
+    Path(args.result).write_text(json.dumps(out))
+
+
+def summarize(runs: list[dict], methods: list[str], levels: list[int]) -> dict:
+    table: dict = {}
+    reference: dict[str, list] = {}
+    for run in runs:
+        if run["method"] == "plain":
+            for c, level in run["levels"].items():
+                reference.setdefault(c, level["tokens"])
+    for method in methods:
+        mine = [r for r in runs if r["method"] == method]
+        for c in map(str, levels):
+            tps = [r["levels"][c]["new_tokens"] / r["levels"][c]["seconds"] for r in mine]
+            latency = [statistics.median(r["levels"][c]["wave_seconds"]) for r in mine]
+            row = {"tokens_per_second": statistics.median(tps), "wave_seconds": statistics.median(latency)}
+            row["greedy_equal"] = all(r["levels"][c]["tokens"] == reference.get(c) for r in mine)
+            stats = [r["levels"][c].get("proposer") for r in mine if r["levels"][c].get("proposer")]
+            if stats:
+                drafted = sum(s["drafted"] for s in stats)
+                row["acceptance_rate"] = sum(s["accepted"] for s in stats) / drafted if drafted else None
+                row["drafts_per_request_step"] = drafted / max(1, sum(s["rows"] for s in stats))
+                row["proposer_share"] = sum(s["seconds"] for s in stats) / sum(
+                    r["levels"][c]["seconds"] for r in mine
+                )
+            table.setdefault(method, {})[c] = row
+    for method in methods:
+        for c in map(str, levels):
+            base = table["plain"][c]["tokens_per_second"] if "plain" in table else None
+            row = table[method][c]
+            row["vs_plain"] = row["tokens_per_second"] / base if base else None
+    return table
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--draft-model", default=None)
+    parser.add_argument("--methods", nargs="+", default=["plain", "ngram", "eesd"])
+    parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 4, 16])
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--k", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--options", default="{}", help="eesd proposer options (JSON)")
+    parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=None)
+    # the worker's own arguments
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--method", help=argparse.SUPPRESS)
+    parser.add_argument("--path", help=argparse.SUPPRESS)
+    parser.add_argument("--draft-path", help=argparse.SUPPRESS)
+    parser.add_argument("--prompt-file", help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        return 0
+    path, prompts = encode(args.model, args.prompts, args.seed)
+    draft_path = None
+    if "draft" in args.methods:
+        from eesd_core.registry import resolve_model
+
+        draft_path = str(resolve_model(args.draft_model))
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        prompt_file = Path(tmp) / "prompts.json"
+        prompt_file.write_text(json.dumps(prompts))
+        for round_ in range(args.rounds):
+            shift = round_ % len(args.methods)
+            for method in args.methods[shift:] + args.methods[:shift]:
+                result = Path(tmp) / f"{method}-{round_}.json"
+                command = [
+                    sys.executable, __file__, "--worker", "--method", method, "--path", path,
+                    "--prompt-file", str(prompt_file), "--result", str(result),
+                    "--max-tokens", str(args.max_tokens), "--k", str(args.k), "--options", args.options,
+                    "--max-model-len", str(args.max_model_len), "--dtype", args.dtype,
+                    "--concurrency", *map(str, args.concurrency),
+                ]  # fmt: skip
+                if draft_path:
+                    command += ["--draft-path", draft_path]
+                started = time.perf_counter()
+                done = subprocess.run(command, capture_output=True, text=True)
+                if done.returncode:
+                    print(done.stdout[-3000:], done.stderr[-3000:], file=sys.stderr)
+                    return 1
+                runs.append(json.loads(result.read_text()))
+                print(
+                    f"round {round_ + 1}: {method} done in {time.perf_counter() - started:.0f} s",
+                    file=sys.stderr,
+                )
+    table = summarize(runs, args.methods, args.concurrency)
+    columns = ("method", "c", "tok/s", "vs plain", "wave s", "accept", "drafts/step", "equal")
+    print("{:<8} {:>3} {:>8} {:>9} {:>8} {:>7} {:>11} {:>6}".format(*columns))
+    for method, rows in table.items():
+        for c, row in rows.items():
+            accept = row.get("acceptance_rate")
+            per = row.get("drafts_per_request_step")
+            print(
+                f"{method:<8} {c:>3} {row['tokens_per_second']:>8.1f} {row['vs_plain'] or 0:>8.3f}x "
+                f"{row['wave_seconds']:>8.2f} {'' if accept is None else f'{accept:.2f}':>7} "
+                f"{'' if per is None else f'{per:.2f}':>11} {'yes' if row['greedy_equal'] else 'NO':>6}"
+            )
+    if args.out:
+        record = {
+            "command": " ".join(sys.argv),
+            "settings": vars(args) | {"path": path},
+            "table": table,
+            "proposer": next((r.get("proposer") for r in runs if r.get("proposer")), None),
+            "proposer_bytes": next((r.get("proposer_bytes") for r in runs if r.get("proposer_bytes")), None),
+            "runs": runs,
+        }
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp_out = out.with_suffix(".tmp")
+        tmp_out.write_text(json.dumps(record, indent=1))
+        os.replace(tmp_out, out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

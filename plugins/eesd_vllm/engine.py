@@ -1,0 +1,171 @@
+"""Start vLLM with or without speculation, and run a set of prompts: what the tests and the bench share.
+
+Run as a module, it serves one configuration in a process of its own and prints JSON, so that
+several configurations can be compared without two engines in one process::
+
+    python -m eesd_vllm.engine --model PATH --method eesd --prompts prompts.json --max-tokens 64
+
+Methods: ``plain`` (no speculation), ``ngram`` (vLLM's prompt lookup), ``draft`` (a separate draft
+model, ``--draft-model``), ``eesd`` (this package's proposer; options in ``--options`` JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from typing import Any
+
+METHODS = ("plain", "ngram", "draft", "eesd")
+
+
+def speculative(
+    method: str, k: int, draft_model: str | None = None, options: dict[str, Any] | None = None
+) -> Any:
+    """vLLM's ``speculative_config`` for ``method`` with ``k`` draft tokens."""
+    if method == "plain":
+        return None
+    if method == "ngram":
+        return {
+            "method": "ngram",
+            "num_speculative_tokens": k,
+            "prompt_lookup_max": 4,
+            "prompt_lookup_min": 2,
+        }
+    if method == "draft":
+        if not draft_model:
+            raise ValueError("method 'draft' needs a draft model")
+        return {"method": "draft_model", "model": draft_model, "num_speculative_tokens": k}
+    if method == "eesd":
+        import eesd_vllm
+
+        return eesd_vllm.speculative_config(k, **(options or {}))
+    raise ValueError(f"unknown method {method!r}: one of {', '.join(METHODS)}")
+
+
+def start(
+    model: str,
+    method: str = "plain",
+    k: int = 8,
+    *,
+    draft_model: str | None = None,
+    options: dict[str, Any] | None = None,
+    max_model_len: int = 1024,
+    kv_blocks: int | None = None,
+    max_num_seqs: int = 64,
+    dtype: str = "float32",
+    seed: int = 0,
+) -> Any:
+    """An in-process vLLM engine (no engine-core subprocess) serving ``model`` by token ids."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    from vllm import LLM
+
+    extra: dict[str, Any] = {}
+    if kv_blocks is not None:  # a small budget, in small blocks, so that requests outgrow it
+        extra.update(num_gpu_blocks_override=kv_blocks, block_size=32)
+    return LLM(
+        model=model,
+        skip_tokenizer_init=True,
+        speculative_config=speculative(method, k, draft_model, options),
+        max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs,
+        enforce_eager=True,
+        dtype=dtype,
+        seed=seed,
+        **extra,
+    )
+
+
+def run(
+    llm: Any, prompts: list[list[int]], max_tokens: int | list[int], temperature: float = 0.0, seed: int = 0
+) -> dict[str, Any]:
+    """Generate for every prompt at once (``max_tokens`` for all, or one per prompt); the tokens
+    of each, and the wall time of the call."""
+    from vllm import SamplingParams
+
+    limits = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(prompts)
+    params = [
+        SamplingParams(
+            max_tokens=limits[i],
+            temperature=temperature,
+            seed=None if temperature == 0 else seed + i,
+            ignore_eos=True,
+            detokenize=False,
+        )
+        for i in range(len(prompts))
+    ]
+    started = time.perf_counter()
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    seconds = time.perf_counter() - started
+    return {"tokens": [list(o.outputs[0].token_ids) for o in outputs], "seconds": seconds}
+
+
+def proposer_of(llm: Any) -> Any:
+    """The eesd proposer inside an in-process engine, or None (for its statistics)."""
+    try:
+        executor = llm.llm_engine.engine_core.engine_core.model_executor
+        return executor.driver_worker.worker.model_runner.drafter
+    except AttributeError:
+        return None
+
+
+def count_preemptions(llm: Any) -> dict[str, int]:
+    """A counter of the requests the scheduler of an in-process engine preempts from now on."""
+    counter = {"preemptions": 0}
+    try:
+        scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+    except AttributeError:
+        return counter
+    preempt = scheduler._preempt_request
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        counter["preemptions"] += 1
+        return preempt(*args, **kwargs)
+
+    scheduler._preempt_request = counting
+    return counter
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m eesd_vllm.engine", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--method", choices=METHODS, default="plain")
+    parser.add_argument("--k", type=int, default=8)
+    parser.add_argument("--draft-model", default=None)
+    parser.add_argument("--options", type=json.loads, default={})
+    parser.add_argument("--prompts", required=True, help="JSON file: a list of token-id lists")
+    parser.add_argument("--max-tokens", type=json.loads, default=64, help="N, or a JSON list: one per prompt")
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--max-model-len", type=int, default=1024)
+    parser.add_argument("--kv-blocks", type=int, default=None, help="a small KV budget forces preemption")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--out", required=True, help="where the JSON result goes (vLLM logs to stdout)")
+    args = parser.parse_args(argv)
+    with open(args.prompts) as f:
+        prompts = json.load(f)
+    llm = start(
+        args.model,
+        args.method,
+        args.k,
+        draft_model=args.draft_model,
+        options=args.options,
+        max_model_len=args.max_model_len,
+        kv_blocks=args.kv_blocks,
+        dtype=args.dtype,
+    )
+    preempted = count_preemptions(llm)
+    result = run(llm, prompts, args.max_tokens, args.temperature)
+    result.update(preempted)
+    proposer = proposer_of(llm)
+    if proposer is not None and hasattr(proposer, "stats"):
+        result["proposer"] = dict(proposer.stats, memory_bytes=proposer.memory_bytes())
+    tmp = f"{args.out}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(result, f)
+    os.replace(tmp, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,57 @@
+"""Options of the vLLM proposer, read from ``EESD_VLLM_OPTIONS`` (import-light: no torch, no vLLM).
+
+vLLM builds a ``custom_class`` proposer from its own configuration alone, so what eesd needs beyond
+``num_speculative_tokens`` travels in one environment variable holding JSON, which every process
+vLLM starts inherits. :func:`eesd_vllm.speculative_config` writes it for you.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from eesd_core.config import PluginOptions, validate
+from eesd_core.errors import ConfigError
+
+OPTIONS_ENV = "EESD_VLLM_OPTIONS"
+
+
+class ProposerOptions(PluginOptions):
+    """``exit_layer`` N and ``head`` as for the early-exit drafter, except that ``"auto"`` takes a
+    shipped head that reads layer N alone (vLLM shows a proposer token ids, never the target's
+    last-layer states, so a top-input head cannot run there). ``controller`` (any registered one)
+    with ``controller_options`` chooses each request's draft length, zero included. ``dtype`` of
+    the proposer's copy of the first N layers (``"auto"``: vLLM's). ``max_batch_rows``: requests
+    drafted together in one pass (more are drafted in several)."""
+
+    exit_layer: int | None = None
+    head: str | Path | None = "auto"
+    controller: str = "thompson"
+    controller_options: dict[str, Any] = Field(default_factory=dict)
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    max_batch_rows: int = Field(default=64, ge=1)
+
+    @field_validator("exit_layer")
+    @classmethod
+    def _positive(cls, value: int | None) -> int | None:
+        if value is not None and value < 1:
+            raise ValueError("exit_layer must be at least 1 (layer 0 would draft from embeddings)")
+        return value
+
+
+def read_options(environ: dict[str, str] | None = None) -> ProposerOptions:
+    """The options in ``EESD_VLLM_OPTIONS`` (all defaults when it is unset)."""
+    text = (os.environ if environ is None else environ).get(OPTIONS_ENV, "").strip()
+    if not text:
+        return ProposerOptions()
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{OPTIONS_ENV} must hold a JSON object of proposer options: {exc}.") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{OPTIONS_ENV} must hold a JSON object, got {type(raw).__name__}.")
+    return validate(ProposerOptions, raw, f"{OPTIONS_ENV}")

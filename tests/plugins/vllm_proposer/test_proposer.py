@@ -1,0 +1,246 @@
+"""The vLLM proposer against a stand-in for vLLM's scheduler, runnable without vLLM installed.
+
+``Scheduler`` calls ``propose`` exactly as vLLM's model runner does (rows in the step's order,
+the tokens each row just sampled, its length, the token table) and verifies the drafts greedily
+with the target, as vLLM's rejection sampler does at temperature 0. It reorders rows every step,
+finishes requests mid-round, preempts requests and brings them back recomputed, and sometimes
+schedules fewer drafts than proposed. Every request's tokens must equal plain greedy decoding.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from eesd_vllm.options import OPTIONS_ENV, ProposerOptions, read_options
+from eesd_vllm.proposer import EarlyExitProposer, common_prefix
+from tinymodels import make_tiny
+
+from eesd_core.errors import ConfigError, EESDError
+
+VOCAB = 97
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("tiny-llama")
+    make_tiny("llama", 5, vocab=VOCAB, layers=4, dtype=torch.float32).save_pretrained(path)
+    return path
+
+
+def vllm_config(path: Path, k: int = 4, max_model_len: int = 200) -> SimpleNamespace:
+    return SimpleNamespace(
+        speculative_config=SimpleNamespace(num_speculative_tokens=k),
+        model_config=SimpleNamespace(max_model_len=max_model_len, model=str(path), dtype=torch.float32),
+    )
+
+
+def greedy(model: torch.nn.Module, prompt: list[int], n: int) -> list[int]:
+    ids = torch.tensor([prompt])
+    out = model.generate(ids, max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
+    return out[0, len(prompt) :].tolist()
+
+
+class Scheduler:
+    """What vLLM's engine does around a custom proposer, at temperature 0, in a few lines."""
+
+    def __init__(self, model: torch.nn.Module, proposer: EarlyExitProposer, seed: int = 0) -> None:
+        self.model, self.proposer = model, proposer
+        self.rng = random.Random(seed)
+        self.table = np.zeros((16, proposer.max_model_len), dtype=np.int32)
+
+    def target_next(self, tokens: list[int]) -> list[int]:
+        """The target's greedy token after every position of ``tokens``."""
+        with torch.inference_mode():
+            logits = self.model(torch.tensor([tokens])).logits[0]
+        return logits.argmax(-1).tolist()
+
+    def run(
+        self,
+        prompts: list[list[int]],
+        limits: list[int],
+        preempt: bool = True,
+        drop_drafts: bool = True,
+    ) -> list[list[int]]:
+        live = {i: list(p) for i, p in enumerate(prompts)}
+        new = {i: 0 for i in live}
+        sampled: dict[int, list[int]] = {i: [] for i in live}
+        drafts: dict[int, list[int]] = {i: [] for i in live}
+        away: dict[int, int] = {}
+        done: dict[int, list[int]] = {}
+        while live:
+            # verification of the drafts proposed last step (the first step is the prefill)
+            for i, tokens in live.items():
+                if i in away:
+                    continue
+                proposed = drafts[i]
+                if drop_drafts and proposed and self.rng.random() < 0.2:
+                    proposed = proposed[: self.rng.randrange(len(proposed))]  # scheduled fewer
+                best = self.target_next(tokens + proposed)[len(tokens) - 1 :]
+                kept = common_prefix(np.array(proposed), np.array(best[: len(proposed)]))
+                emitted = best[: kept + 1][: limits[i] - new[i]]
+                tokens.extend(emitted)
+                new[i] += len(emitted)
+                sampled[i] = emitted
+            for i in [i for i in live if new[i] >= limits[i]]:
+                done[i] = live.pop(i)[len(prompts[i]) :]
+            for i in list(away):
+                away[i] -= 1
+                if away[i] == 0:  # back, recomputed: the prefill samples the next token again
+                    del away[i]
+                    token = self.target_next(live[i])[-1]
+                    live[i].append(token)
+                    new[i] += 1
+                    sampled[i] = [token]
+                    if new[i] >= limits[i]:
+                        done[i] = live.pop(i)[len(prompts[i]) :]
+            if preempt and live and self.rng.random() < 0.15:
+                victim = self.rng.choice(sorted(live))
+                away.setdefault(victim, self.rng.randrange(1, 4))
+            order = [i for i in live if i not in away]
+            self.rng.shuffle(order)
+            if not order:
+                continue
+            for row, i in enumerate(order):
+                self.table[row, : len(live[i])] = live[i]
+            lengths = np.array([len(live[i]) for i in order], dtype=np.int32)
+            out = self.proposer.propose([sampled[i] for i in order], lengths, self.table)
+            assert len(out) == len(order)
+            for i, proposal in zip(order, out, strict=True):
+                assert len(proposal) <= self.proposer.max_k
+                assert all(isinstance(t, int) and 0 <= t < VOCAB for t in proposal)
+                drafts[i] = proposal
+        return [done[i] for i in range(len(prompts))]
+
+
+def prompts_of(seed: int, count: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(count):
+        body = [rng.randrange(3, VOCAB) for _ in range(rng.randrange(2, 12))]
+        out.append(body * (1 + i % 3))  # some repetition, so that some drafts are kept
+    return out
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(exit_layer=2, head=None, controller="fixed", controller_options={"k": 4}),
+        dict(exit_layer=1, head=None, controller="thompson"),
+        dict(exit_layer=3, head=None, controller="fixed", controller_options={"k": 2}),
+    ],
+    ids=["fixed4", "thompson", "fixed2"],
+)
+def test_requests_equal_plain_greedy_through_reorders_preemption_and_finishes(checkpoint, options) -> None:  # noqa: ANN001
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(checkpoint).eval()
+    proposer = EarlyExitProposer(vllm_config(checkpoint), ProposerOptions(**options))
+    prompts = prompts_of(1, 6)
+    limits = [7, 23, 12, 30, 1, 17]
+    got = Scheduler(model, proposer, seed=3).run(prompts, limits)
+    for prompt, limit, tokens in zip(prompts, limits, got, strict=True):
+        assert tokens == greedy(model, prompt, limit)
+    if options["controller"] == "fixed":
+        assert proposer.stats["drafted"] > 0 and proposer.stats["accepted"] > 0
+    assert not proposer.caches or len(proposer.caches) <= len(prompts)
+
+
+def test_a_second_batch_reuses_nothing_it_should_not(checkpoint) -> None:  # noqa: ANN001
+    """Two waves through one proposer (as a server sees them), with prompts sharing prefixes."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(checkpoint).eval()
+    options = ProposerOptions(exit_layer=2, head=None, controller="fixed", controller_options={"k": 3})
+    proposer = EarlyExitProposer(vllm_config(checkpoint, k=3), options)
+    shared = [5, 6, 7, 8, 9, 10]
+    first = [shared + [11], shared + [12, 13], shared]
+    second = [shared + [11, 40], shared, [5, 6, 7]]
+    for wave, seed in ((first, 0), (second, 1)):
+        got = Scheduler(model, proposer, seed=seed).run(wave, [15, 9, 20])
+        assert got == [greedy(model, p, n) for p, n in zip(wave, [15, 9, 20], strict=True)]
+
+
+def test_a_finished_request_leaves_its_cache(checkpoint) -> None:  # noqa: ANN001
+    options = ProposerOptions(exit_layer=2, head=None, controller="fixed", controller_options={"k": 2})
+    proposer = EarlyExitProposer(vllm_config(checkpoint, k=2), options)
+    table = np.zeros((4, 200), dtype=np.int32)
+    table[0, :5], table[1, :4] = [3, 4, 5, 6, 7], [8, 9, 10, 11]
+    assert [len(d) for d in proposer.propose([[7], [11]], np.array([5, 4]), table)] == [2, 2]
+    assert len(proposer.caches) == 2
+    table[0, :4] = [8, 9, 10, 11]  # the first request finished; the second moved up a row
+    table[0, 4] = 50
+    proposer.propose([[50]], np.array([5]), table)
+    assert len(proposer.caches) == 1 and list(proposer.caches[0].tokens[:5]) == [8, 9, 10, 11, 50]
+    assert proposer.memory_bytes() > proposer.kept_bytes
+    assert proposer.propose([[]], np.array([5]), table) == [[]]  # a prefill in progress: no drafts
+
+
+def test_top_input_heads_are_refused_with_what_to_do(checkpoint, tmp_path) -> None:  # noqa: ANN001
+    from eesd_early_exit.head import ExitHead
+    from eesd_early_exit.headfile import save_head
+    from transformers import AutoModelForCausalLM
+
+    from eesd_core.models import find_adapter
+
+    adapter = find_adapter(AutoModelForCausalLM.from_pretrained(checkpoint).eval())
+    path = save_head(ExitHead(adapter, 2, top_input=True), adapter, tmp_path / "top.safetensors")
+    with pytest.raises(ConfigError, match="reads the target's last-layer states"):
+        EarlyExitProposer(vllm_config(checkpoint), ProposerOptions(head=str(path)))
+    plain = save_head(ExitHead(adapter, 2), adapter, tmp_path / "plain.safetensors")
+    proposer = EarlyExitProposer(vllm_config(checkpoint), ProposerOptions(head=str(plain)))
+    assert proposer.drafter.shared_layers == 2 and "plain.safetensors" in proposer.describe()
+
+
+def test_bad_configuration_fails_at_start(checkpoint) -> None:  # noqa: ANN001
+    with pytest.raises(ConfigError, match="no exit-head file"):
+        EarlyExitProposer(vllm_config(checkpoint), ProposerOptions(head="/nowhere/head.safetensors"))
+    with pytest.raises(ConfigError, match="out of range"):
+        EarlyExitProposer(vllm_config(checkpoint), ProposerOptions(exit_layer=4, head=None))
+    with pytest.raises(EESDError, match="No controller named 'nope'"):
+        EarlyExitProposer(vllm_config(checkpoint), ProposerOptions(head=None, controller="nope"))
+    with pytest.raises(ConfigError, match="cannot load"):
+        EarlyExitProposer(vllm_config(checkpoint.parent / "missing"), ProposerOptions(head=None))
+
+
+def test_options_travel_in_the_environment(monkeypatch) -> None:  # noqa: ANN001
+    import eesd_vllm
+
+    config = eesd_vllm.speculative_config(5, exit_layer=3, head=None, controller="fixed")
+    assert config == {
+        "method": "custom_class",
+        "model": "eesd_vllm.EarlyExitProposer",
+        "num_speculative_tokens": 5,
+    }
+    assert read_options() == ProposerOptions(exit_layer=3, head=None, controller="fixed")
+    assert json.loads(read_options({OPTIONS_ENV: '{"exit_layer": 2}'}).model_dump_json())["exit_layer"] == 2
+    assert read_options({}) == ProposerOptions()
+    with pytest.raises(ConfigError, match="JSON object"):
+        read_options({OPTIONS_ENV: "[1]"})
+    with pytest.raises(ConfigError, match="must hold a JSON"):
+        read_options({OPTIONS_ENV: "{exit"})
+    with pytest.raises(ConfigError, match="exit_layr"):
+        eesd_vllm.speculative_config(4, exit_layr=2)
+
+
+def test_common_prefix() -> None:
+    assert common_prefix(np.array([1, 2, 3]), np.array([1, 2, 4, 5])) == 2
+    assert common_prefix(np.array([1, 2]), np.array([1, 2, 3])) == 2
+    assert common_prefix(np.array([], dtype=int), np.array([1])) == 0
+
+
+def test_the_expand_repair_spreads_each_value_over_its_positions() -> None:
+    from eesd_vllm.fixes import expand
+
+    out = torch.full((7,), float("nan"))
+    values = torch.tensor([0.7, 0.0, 1.5])
+    expand(out, values, torch.tensor([2, 3, 7], dtype=torch.int32), 0, 1)
+    assert out.tolist() == pytest.approx([0.7, 0.7, 1.0, 1.5, 1.5, 1.5, 1.5])
+    ids = torch.zeros(3, dtype=torch.int64)
+    expand(ids, torch.tensor([4, 9]), torch.tensor([1, 3]), 9, -1)
+    assert ids.tolist() == [4, -1, -1]
