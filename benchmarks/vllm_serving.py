@@ -1,6 +1,7 @@
 """vLLM (CPU build) with and without speculation, at several numbers of concurrent requests.
 
-Methods: ``plain`` (no speculation), ``ngram`` (vLLM's prompt lookup), ``draft`` (a separate draft
+Methods: ``plain`` (no speculation), ``plain_sync`` (the same without async scheduling, which
+vLLM turns off for custom proposers), ``ngram`` (vLLM's prompt lookup), ``draft`` (a separate draft
 model, ``--draft-model``), ``eesd`` (the eesd proposer, head ``auto``). Each method runs in a
 process of its own (two engines do not share a process), and the processes take turns:
 ``--rounds`` rounds of every method, the order rotating each round, so that slow drifts of the

@@ -5,8 +5,10 @@ several configurations can be compared without two engines in one process::
 
     python -m eesd_vllm.engine --model PATH --method eesd --prompts prompts.json --max-tokens 64
 
-Methods: ``plain`` (no speculation), ``ngram`` (vLLM's prompt lookup), ``draft`` (a separate draft
-model, ``--draft-model``), ``eesd`` (this package's proposer; options in ``--options`` JSON).
+Methods: ``plain`` (no speculation), ``plain_sync`` (no speculation and no async scheduling,
+which vLLM turns off for every ``custom_class`` proposer), ``ngram`` (vLLM's prompt lookup),
+``draft`` (a separate draft model, ``--draft-model``), ``eesd`` (this package's proposer; options
+in ``--options`` JSON).
 """
 
 from __future__ import annotations
@@ -17,14 +19,14 @@ import os
 import time
 from typing import Any
 
-METHODS = ("plain", "ngram", "draft", "eesd")
+METHODS = ("plain", "plain_sync", "ngram", "draft", "eesd")
 
 
 def speculative(
     method: str, k: int, draft_model: str | None = None, options: dict[str, Any] | None = None
 ) -> Any:
     """vLLM's ``speculative_config`` for ``method`` with ``k`` draft tokens."""
-    if method == "plain":
+    if method in ("plain", "plain_sync"):
         return None
     if method == "ngram":
         return {
@@ -62,6 +64,8 @@ def start(
     from vllm import LLM
 
     extra: dict[str, Any] = {}
+    if method == "plain_sync":
+        extra["async_scheduling"] = False
     if kv_blocks is not None:  # a small budget, in small blocks, so that requests outgrow it
         extra.update(num_gpu_blocks_override=kv_blocks, block_size=32)
     return LLM(
