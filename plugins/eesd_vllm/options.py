@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from eesd_core.config import PluginOptions, validate
 from eesd_core.errors import ConfigError
@@ -25,22 +25,14 @@ class ProposerOptions(PluginOptions):
     shipped head that reads layer N alone (vLLM shows a proposer token ids, never the target's
     last-layer states, so a top-input head cannot run there). ``controller`` (any registered one)
     with ``controller_options`` chooses each request's draft length, zero included. ``dtype`` of
-    the proposer's copy of the first N layers (``"auto"``: vLLM's). ``max_batch_rows``: requests
-    drafted together in one pass (more are drafted in several)."""
+    the proposer's copy of the first N layers (``"auto"``: vLLM's). ``exit_layer`` is checked
+    where the drafter is built, by the early-exit drafter's own options."""
 
     exit_layer: int | None = None
     head: str | Path | None = "auto"
     controller: str = "thompson"
     controller_options: dict[str, Any] = Field(default_factory=dict)
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    max_batch_rows: int = Field(default=64, ge=1)
-
-    @field_validator("exit_layer")
-    @classmethod
-    def _positive(cls, value: int | None) -> int | None:
-        if value is not None and value < 1:
-            raise ValueError("exit_layer must be at least 1 (layer 0 would draft from embeddings)")
-        return value
 
 
 def read_options(environ: dict[str, str] | None = None) -> ProposerOptions:

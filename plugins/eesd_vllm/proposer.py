@@ -73,7 +73,6 @@ class RequestCache:
     drafts: list[int] = field(default_factory=list)  # proposed last step, after ``committed``
     committed: int = 0  # the request's length when those drafts were proposed
     signals: tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]] = ((), (), ())
-    last_used: int = 0
 
 
 class EarlyExitProposer:
@@ -93,7 +92,6 @@ class EarlyExitProposer:
         dtype = self.options.dtype
         self.dtype = model_config.dtype if dtype == "auto" else getattr(torch, dtype)
         self.caches: list[RequestCache] = []
-        self.steps = 0
         self.trackers: dict[int, CostTracker] = {}
         self._previous: tuple[int, int, float, float] | None = None  # rows, max k, propose s, end
         self.repaired = repair_cpu_expand()
@@ -214,7 +212,6 @@ class EarlyExitProposer:
     ) -> list[list[int]]:
         started = time.perf_counter()
         rows = len(sampled_token_ids)
-        self.steps += 1
         self._observe_step(started)
         costs = self._tracker(rows).snapshot()
         claimed: set[int] = set()
@@ -275,7 +272,6 @@ class EarlyExitProposer:
             self.controller.start(Request(len(tokens), room, self.max_k, GREEDY, self._tracker(1).snapshot()))
         claimed.add(best)
         entry = self.caches[best]
-        entry.last_used = self.steps
         self._cut(entry, min(best_len, len(tokens) - 1))
         return entry
 

@@ -38,6 +38,8 @@ class LosslessVerifier:
     ) -> tuple[int, int]:
         drafts = draft_tokens.tolist()
         k = len(drafts)
+        if not k:  # a plain step: nothing to read but the token
+            return 0, _draw(p[0], rng)
         # p_i(d_i) and q_i(d_i) of every draft in one read from the device
         at = torch.arange(k, device=p.device), draft_tokens.to(p.device)
         targets = p[at].tolist()
