@@ -107,6 +107,44 @@ class BatchDrafting:
             state.tops = tops.new_zeros(tops.shape)
             state.tops[:, : index.shape[1]] = gathered
 
+    # -- single-sequence states drafting together (a serving engine's requests) ----------------
+
+    def join(self, states: list[Any], extra: int) -> BatchExitState:
+        """One batch state over single-sequence states (:class:`~eesd_early_exit.drafter.ExitState`)
+        whose caches may differ in length: row b's cached positions end at slot W (the longest
+        row's length), ``extra`` free slots follow for a round's inputs. Plain heads only: a
+        top-input head's states are kept by position, which a joined round does not carry.
+        Copies every row's cache once; :meth:`part` hands the round back."""
+        from eesd_core.batch import BatchLayout
+
+        if self.reads_top_states:
+            raise ValueError("join: a top-input head cannot draft for joined single-sequence states")
+        for state in states:
+            self._flush(state)
+        counts = [state.cache.lengths[0] if state.cache.num_layers else 0 for state in states]
+        width = max(counts)
+        layout = BatchLayout(len(states), width + extra, self.adapter.device)
+        for row, n in enumerate(counts):
+            layout.valid[row, width - n : width] = True
+            layout.positions[row, width - n : width] = torch.arange(n, device=layout.positions.device)
+        layout.slots = width
+        cache = KVCache.stacked([state.cache for state in states], width, width + extra)
+        exit_cache = KVCache.stacked([state.exit_cache for state in states], width, width + extra)
+        return BatchExitState(cache, layout, exit_cache, exit_slots=width)
+
+    def part(self, joined: BatchExitState, states: list[Any], fed: list[int], hidden: torch.Tensor) -> None:
+        """Give each single-sequence state its row of a joined round: row b fed ``fed[b]`` inputs
+        from slot W on (its pending token and drafts), ``hidden`` is what :meth:`finish_batch`
+        returned. Each state then holds what a round of its own through :meth:`step` and
+        :meth:`finish` would have left, so ``rollback`` cuts it as usual."""
+        width = joined.layout.slots
+        steps = hidden.shape[1] - 1  # step_batch calls: the exit layers ran on slots W .. W + steps - 1
+        for row, (state, count) in enumerate(zip(states, fed, strict=True)):
+            state.cache.append_slots(joined.cache, row, width, count)
+            state.exit_cache.append_slots(joined.exit_cache, row, width, min(count, steps))
+            if count > steps and self.head.num_layers:  # its last input ran layers [0, N) only
+                self._defer(state, hidden[row : row + 1, steps:])
+
     # -- internals ----------------------------------------------------------------------------
 
     def _lower_batch(

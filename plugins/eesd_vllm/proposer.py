@@ -48,6 +48,7 @@ from eesd_vllm.options import ProposerOptions, read_options
 
 GREEDY = SamplingParams()
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+Signal = tuple[float, float, float]  # a draft's q(token), top-1 probability and entropy
 HEADS = Path(__file__).resolve().parent / "heads"
 
 
@@ -96,7 +97,7 @@ class EarlyExitProposer:
         self._previous: tuple[int, int, float, float] | None = None  # rows, max k, propose s, end
         self.repaired = repair_cpu_expand()
         self.stats: dict[str, float] = dict(
-            steps=0, rows=0, drafted=0, accepted=0, rounds_with_drafts=0, seconds=0.0
+            steps=0, rows=0, drafted=0, accepted=0, rounds_with_drafts=0, joined_rounds=0, seconds=0.0
         )
         self._load()
 
@@ -215,26 +216,35 @@ class EarlyExitProposer:
         self._observe_step(started)
         costs = self._tracker(rows).snapshot()
         claimed: set[int] = set()
-        out: list[list[int]] = []
-        longest = 0
+        out: list[list[int]] = [[] for _ in range(rows)]
+        group: list[tuple[int, RequestCache, np.ndarray, int]] = []  # row, cache, tokens, room
         with torch.inference_mode():
             for row in range(rows):
                 length = int(num_tokens_no_spec[row])
                 if not sampled_token_ids[row] or length >= self.max_model_len - 1:
-                    out.append([])  # a prefill still running, or no room left: nothing to draft
-                    continue
+                    continue  # a prefill still running, or no room left: nothing to draft
                 tokens = np.asarray(token_ids_cpu[row, :length])
                 entry = self._claim(tokens, claimed)
                 self._learn(entry, tokens, row, costs)
-                drafts = self._draft(entry, tokens, row, costs)
-                out.append(drafts)
-                longest = max(longest, len(drafts))
+                entry.committed = length
+                room = min(self.max_k, self.max_model_len - 1 - length)
+                if room > 0 and self.controller.should_continue(DraftStep(0, room, costs, row=row)):
+                    self._catch_up(entry, tokens)
+                    group.append((row, entry, tokens, room))
+            if len(group) == 1:
+                row, entry, tokens, room = group[0]
+                out[row] = self._draft(entry, tokens, row, room, costs)
+            elif group:
+                for (row, *_), drafts in zip(group, self._draft_together(group, costs), strict=True):
+                    out[row] = drafts
         self._forget(claimed)
         finished = time.perf_counter()
+        longest = max(map(len, out), default=0)
         self._previous = (rows, longest, finished - started, finished)
         self.stats["steps"] += 1
         self.stats["rows"] += rows
         self.stats["seconds"] += finished - started
+        self.stats["rounds_with_drafts"] += len(group)
         return out
 
     def _tracker(self, rows: int) -> CostTracker:
@@ -311,40 +321,101 @@ class EarlyExitProposer:
         self.stats["accepted"] += kept
         entry.drafts = []
 
-    def _draft(self, entry: RequestCache, tokens: np.ndarray, row: int, costs: Any) -> list[int]:
-        """Catch the caches up to the request's tokens and draft while the controller says so."""
-        length = len(tokens)
-        room = min(self.max_k, self.max_model_len - 1 - length)
-        step = DraftStep(index=0, max_draft_tokens=room, costs=costs, row=row)
-        if step.max_draft_tokens <= 0 or not self.controller.should_continue(step):
-            entry.committed = length
-            return []
-        state, done = entry.state, len(entry.tokens)
-        if done < length - 1:  # committed tokens the caches lack: one pass through layers [0, N)
+    def _catch_up(self, entry: RequestCache, tokens: np.ndarray) -> None:
+        """Committed tokens the caches lack (all but the pending last): one pass through layers
+        [0, N); the exit layers see them at the next draft step."""
+        done, length = len(entry.tokens), len(tokens)
+        if done < length - 1:
             behind = torch.as_tensor(tokens[done : length - 1], dtype=torch.long).to(self.adapter.device)
             x = self.adapter.embed(behind)
-            h = self.adapter.run_layers(x, 0, self.drafter.shared_layers, state.cache, done)
-            self.drafter.extend(state, h)
+            h = self.adapter.run_layers(x, 0, self.drafter.shared_layers, entry.state.cache, done)
+            self.drafter.extend(entry.state, h)
+            entry.tokens = tokens[: length - 1]
+
+    def _draft(self, entry: RequestCache, tokens: np.ndarray, row: int, room: int, costs: Any) -> list[int]:
+        """One request's round, drafting while the controller says so (it said yes to the first)."""
+        state, length = entry.state, len(tokens)
         drafts: list[int] = []
-        probs: list[float] = []
-        top1: list[float] = []
-        entropies: list[float] = []
+        signals: list[Signal] = []
         token, position = int(tokens[-1]), length - 1
         history = torch.as_tensor(tokens, dtype=torch.long)
         while True:
             draft = self.drafter.step(state, token, position + len(drafts), history)
             token, _, prob, top, entropy = sample_draft(draft, GREEDY, None)  # type: ignore[arg-type]
             drafts.append(token)
-            probs.append(prob)
-            top1.append(top)
-            entropies.append(entropy)
-            step = DraftStep(len(drafts), step.max_draft_tokens, costs, token, prob, top, entropy, row)
-            if len(drafts) >= step.max_draft_tokens or not self.controller.should_continue(step):
+            signals.append((prob, top, entropy))
+            step = DraftStep(len(drafts), room, costs, token, prob, top, entropy, row)
+            if len(drafts) >= room or not self.controller.should_continue(step):
                 break
         # the last draft goes through layers [0, N) too, so that a fully accepted round needs nothing
         self.drafter.finish(state, token, position + len(drafts))
-        entry.tokens = np.concatenate([tokens, np.asarray(drafts, dtype=tokens.dtype)])
-        entry.drafts, entry.committed = drafts, length
-        entry.signals = (tuple(probs), tuple(top1), tuple(entropies))
-        self.stats["rounds_with_drafts"] += 1
+        self._record(entry, tokens, drafts, signals)
         return drafts
+
+    def _draft_together(
+        self, group: list[tuple[int, RequestCache, np.ndarray, int]], costs: Any
+    ) -> list[list[int]]:
+        """The requests of ``group`` draft in lockstep, one pass of layers [0, N) and the head per
+        draft step for all of them (the drafter's batch path over their caches, joined for the
+        round); a request the controller stops feeds its last draft and takes no more."""
+        drafter, device = self.drafter, self.adapter.device
+        joined = drafter.join([entry.state for _, entry, _, _ in group], extra=self.max_k + 1)
+        layout, width = joined.layout, joined.layout.slots
+        rows = len(group)
+        drafts: list[list[int]] = [[] for _ in range(rows)]
+        signals: list[list[Signal]] = [[] for _ in range(rows)]
+        feed = torch.tensor([int(tokens[-1]) for _, _, tokens, _ in group], dtype=torch.long, device=HOST)
+        feeding, drafting = [True] * rows, [True] * rows  # every request said yes to a first draft
+        steps = 0
+        while True:
+            layout.valid[:, width + steps] = torch.tensor(feeding, device=layout.valid.device)
+            layout.positions[:, width + steps] = torch.tensor(
+                [len(tokens) - 1 + steps for _, _, tokens, _ in group], device=layout.positions.device
+            )
+            if steps:
+                for j, (row, _, _, room) in enumerate(group):
+                    drafting[j] = feeding[j] and self._draft_on(row, room, costs, drafts[j], signals[j])
+            if not any(drafting):
+                break
+            logits = drafter.step_batch(joined, feed, width + steps, torch.tensor(drafting, device=device))
+            chosen = logits.argmax(-1)
+            probs = torch.softmax(logits.float(), dim=-1)
+            read = torch.stack(
+                [
+                    chosen.double(),
+                    probs.gather(1, chosen[:, None])[:, 0].double(),
+                    probs.max(-1).values.double(),
+                    torch.special.entr(probs).sum(-1).double(),
+                ]
+            ).T.tolist()
+            for j, (token, prob, top, entropy) in enumerate(read):
+                if drafting[j]:
+                    drafts[j].append(int(token))
+                    signals[j].append((prob, top, entropy))
+                    feed[j] = int(token)
+                else:
+                    feed[j] = 0
+            feeding = list(drafting)
+            steps += 1
+        hidden = drafter.finish_batch(joined, feed, width + steps)
+        drafter.part(joined, [entry.state for _, entry, _, _ in group], [len(d) + 1 for d in drafts], hidden)
+        for (_, entry, tokens, _), made, signal in zip(group, drafts, signals, strict=True):
+            self._record(entry, tokens, made, signal)
+        self.stats["joined_rounds"] += 1
+        return drafts
+
+    def _draft_on(self, row: int, room: int, costs: Any, drafts: list[int], signals: list[Signal]) -> bool:
+        """Whether the controller lets a request that drafted ``drafts`` draft one more."""
+        if len(drafts) >= room:
+            return False
+        prob, top, entropy = signals[-1]
+        step = DraftStep(len(drafts), room, costs, drafts[-1], prob, top, entropy, row)
+        return self.controller.should_continue(step)
+
+    def _record(
+        self, entry: RequestCache, tokens: np.ndarray, drafts: list[int], signals: list[Signal]
+    ) -> None:
+        entry.tokens = np.concatenate([tokens, np.asarray(drafts, dtype=tokens.dtype)])
+        entry.drafts, entry.committed = drafts, len(tokens)
+        probs, top1, entropies = zip(*signals, strict=True) if signals else ((), (), ())
+        entry.signals = (tuple(probs), tuple(top1), tuple(entropies))

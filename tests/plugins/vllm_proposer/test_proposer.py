@@ -151,6 +151,58 @@ def test_requests_equal_plain_greedy_through_reorders_preemption_and_finishes(ch
     assert not proposer.caches or len(proposer.caches) <= len(prompts)
 
 
+@pytest.fixture(scope="module")
+def plain_head(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A plain exit head with one exit layer, perturbed away from its initial copy of the target."""
+    from eesd_early_exit.head import ExitHead
+    from eesd_early_exit.headfile import save_head
+    from transformers import AutoModelForCausalLM
+
+    from eesd_core.models import find_adapter
+
+    adapter = find_adapter(AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float64).eval())
+    torch.manual_seed(2)
+    head = ExitHead(adapter, 2).to(torch.float64)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    path = tmp_path_factory.mktemp("heads") / "plain.safetensors"
+    return save_head(head, adapter, path, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("controller", ["fixed", "thompson"])
+def test_requests_drafting_together_propose_what_they_would_alone(checkpoint, plain_head, controller) -> None:  # noqa: ANN001
+    """The rows of a step draft in one batched pass per draft step; each row's drafts equal those
+    of its own round, step after step, and every request still equals plain greedy."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float64).eval()
+    config = vllm_config(checkpoint)
+    config.model_config.dtype = torch.float64
+    controller_options = {"k": 4} if controller == "fixed" else {}
+    proposals = []
+    for together in (True, False):
+        options = ProposerOptions(
+            head=str(plain_head), controller=controller, controller_options=controller_options
+        )
+        proposer = EarlyExitProposer(config, options)
+        if not together:
+            proposer._draft_together = lambda group, costs, p=proposer: [  # type: ignore[method-assign]
+                p._draft(entry, tokens, row, room, costs) for row, entry, tokens, room in group
+            ]
+        calls: list[list[list[int]]] = []
+        propose = proposer.propose
+        proposer.propose = lambda *a, f=propose, c=calls: c.append(f(*a)) or c[-1]  # type: ignore[method-assign]
+        prompts = prompts_of(4, 6)
+        limits = [9, 25, 14, 30, 3, 19]
+        got = Scheduler(model, proposer, seed=5).run(prompts, limits)
+        assert got == [greedy(model, p, n) for p, n in zip(prompts, limits, strict=True)]
+        proposals.append(calls)
+        assert (proposer.stats["joined_rounds"] > 0) == together
+    assert proposals[0] == proposals[1]
+    assert sum(len(d) for step in proposals[0] for d in step) > 0
+
+
 def test_a_second_batch_reuses_nothing_it_should_not(checkpoint) -> None:  # noqa: ANN001
     """Two waves through one proposer (as a server sees them), with prompts sharing prefixes."""
     from transformers import AutoModelForCausalLM

@@ -1,0 +1,127 @@
+"""Single-sequence early-exit states drafting together (a serving engine's requests).
+
+``join`` lays the caches of requests of different lengths side by side for one round of the batch
+path and ``part`` hands each request its row back. Every draft distribution of a joined round must
+equal the one the request's own round computes (float64), and the states it leaves behind must
+draft the next rounds as a solo state would, after any rollback.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from eesd_early_exit.drafter import EarlyExitDrafter
+from eesd_early_exit.head import ExitHead
+from eesd_early_exit.headfile import save_head
+from eesd_early_exit.options import EarlyExitOptions
+from tinymodels import make_tiny
+
+from eesd_core.models import find_adapter
+
+EXIT = 2
+
+
+def _drafter(family: str, tmp_path, head: bool) -> EarlyExitDrafter:  # noqa: ANN001
+    model = make_tiny(family, 3, vocab=97, layers=4, dtype=torch.float64)
+    adapter = find_adapter(model)
+    path = None
+    if head:
+        torch.manual_seed(1)
+        exit_head = ExitHead(adapter, EXIT).to(torch.float64)
+        with torch.no_grad():
+            for p in exit_head.parameters():
+                p.add_(0.05 * torch.randn_like(p))
+        path = str(save_head(exit_head, adapter, tmp_path / "plain.safetensors", dtype=torch.float64))
+    drafter = EarlyExitDrafter(EarlyExitOptions(exit_layer=EXIT, head=path))
+    drafter.attach(adapter)
+    return drafter
+
+
+def _state(drafter: EarlyExitDrafter, tokens: list[int]):  # noqa: ANN202
+    """A state whose caches hold every token but the last (the pending one), as a proposer's do."""
+    adapter = drafter.adapter
+    cache = adapter.new_cache(num_layers=drafter.shared_layers)
+    state = drafter.begin(cache, torch.empty(0, dtype=torch.long), None)
+    if len(tokens) > 1:
+        x = adapter.embed(torch.tensor(tokens[:-1]))
+        drafter.extend(state, adapter.run_layers(x, 0, drafter.shared_layers, cache, 0))
+    return state
+
+
+def _solo(drafter: EarlyExitDrafter, state, tokens: list[int], k: int):  # noqa: ANN001, ANN202
+    drafts, logits = [], []
+    token, position = tokens[-1], len(tokens) - 1
+    for i in range(k):
+        out = drafter.step(state, token, position + i, torch.tensor(tokens)).logits
+        token = int(out.argmax())
+        drafts.append(token)
+        logits.append(out)
+    drafter.finish(state, token, position + k)
+    return drafts, logits
+
+
+def _joined(drafter: EarlyExitDrafter, states, rows: list[list[int]], ks: list[int]):  # noqa: ANN001, ANN202
+    joined = drafter.join(states, extra=max(ks) + 1)
+    layout, width = joined.layout, joined.layout.slots
+    drafts: list[list[int]] = [[] for _ in rows]
+    logits: list[list[torch.Tensor]] = [[] for _ in rows]
+    feed = torch.tensor([tokens[-1] for tokens in rows])
+    feeding, steps = [True] * len(rows), 0
+    while True:
+        layout.valid[:, width + steps] = torch.tensor(feeding)
+        layout.positions[:, width + steps] = torch.tensor([len(t) - 1 + steps for t in rows])
+        drafting = [f and len(d) < k for f, d, k in zip(feeding, drafts, ks, strict=True)]
+        if not any(drafting):
+            break
+        out = drafter.step_batch(joined, feed, width + steps, torch.tensor(drafting))
+        for j, on in enumerate(drafting):
+            feed[j] = int(out[j].argmax()) if on else 0
+            if on:
+                drafts[j].append(int(feed[j]))
+                logits[j].append(out[j])
+        feeding, steps = drafting, steps + 1
+    hidden = drafter.finish_batch(joined, feed, width + steps)
+    drafter.part(joined, states, [k + 1 for k in ks], hidden)
+    return drafts, logits
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
+@pytest.mark.parametrize("head", [True, False], ids=["exit-layer", "untrained"])
+def test_joined_rounds_draft_what_each_request_drafts_alone(family, head, tmp_path) -> None:  # noqa: ANN001
+    drafter = _drafter(family, tmp_path, head)
+    rng = random.Random(7)
+    rows = [[rng.randrange(3, 97) for _ in range(n)] for n in (9, 2, 14, 5)]
+    together = [_state(drafter, tokens) for tokens in rows]
+    alone = [_state(drafter, tokens) for tokens in rows]
+    for round_ in range(4):
+        ks = [rng.randrange(1, 5) for _ in rows]
+        got, got_logits = _joined(drafter, together, rows, ks)
+        for j, tokens in enumerate(rows):
+            want, want_logits = _solo(drafter, alone[j], tokens, ks[j])
+            assert got[j] == want, (round_, j)
+            for a, b in zip(got_logits[j], want_logits, strict=True):
+                torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+            # verification keeps a random prefix of the drafts and one token of its own
+            kept = rng.randrange(ks[j] + 1)
+            tokens.extend(want[:kept] + [rng.randrange(3, 97)])
+            for state in (together[j], alone[j]):
+                state.cache.crop(len(tokens) - 1)
+                drafter.rollback(state, len(tokens) - 1)
+        if round_ == 1:  # a request that drafts alone between joined rounds
+            _solo(drafter, together[0], rows[0], 2)
+            _solo(drafter, alone[0], rows[0], 2)
+            for state in (together[0], alone[0]):
+                state.cache.crop(len(rows[0]) - 1)
+                drafter.rollback(state, len(rows[0]) - 1)
+
+
+def test_top_input_heads_cannot_join(tmp_path) -> None:  # noqa: ANN001
+    model = make_tiny("llama", 3, vocab=97, layers=4, dtype=torch.float64)
+    adapter = find_adapter(model)
+    path = save_head(ExitHead(adapter, EXIT, top_input=True), adapter, tmp_path / "top.safetensors")
+    drafter = EarlyExitDrafter(EarlyExitOptions(head=str(path)))
+    drafter.attach(adapter)
+    with pytest.raises(ValueError, match="top-input"):
+        drafter.join([_state(drafter, [5, 6, 7])], extra=2)
