@@ -20,10 +20,11 @@ from eesd_core.protocols import ModelAdapter
 class AdapterOptions(PluginOptions):
     """``matmul``: the product of the linear layers in passes over a few positions (decoding
     steps, draft steps, verification), :mod:`eesd_core.models.products`. ``"auto"`` measures on
-    CPUs, when the adapter is prepared, where ``(W @ x.T).T`` clearly beats ``F.linear``;
-    ``"standard"`` keeps ``F.linear``; ``"transposed"`` uses the other for every prepared pass."""
+    CPUs, when the adapter is prepared, where ``(W @ x.T).T`` or oneDNN's linear clearly beats
+    ``F.linear``, and keeps the faster; ``"standard"`` keeps ``F.linear``; ``"transposed"`` and
+    ``"onednn"`` use that product for every prepared pass."""
 
-    matmul: Literal["auto", "standard", "transposed"] = "auto"
+    matmul: Literal["auto", "standard", "transposed", "onednn"] = "auto"
 
 
 class LazyAdapter:

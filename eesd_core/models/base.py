@@ -89,10 +89,12 @@ class DecoderAdapter:
         """
         self.products = plan_for(self, self.options.matmul, max_rows)
 
-    def _router(self, key: Any, modules: Sequence[nn.Module]) -> LinearRouter:
-        router = self._routers.get(key)
+    def _router(self, key: Any, modules: Sequence[nn.Module], m: int) -> LinearRouter:
+        """The router of ``modules`` to the planned product of passes over m positions."""
+        product = self.products.product(m)
+        router = self._routers.get((key, product))
         if router is None:
-            router = self._routers[key] = LinearRouter(modules)
+            router = self._routers[(key, product)] = LinearRouter(modules, product)
         return router
 
     # -- one sequence ----------------------------------------------------------------------------
@@ -145,9 +147,10 @@ class DecoderAdapter:
             return self.mask(hidden.shape[1], position, window, hidden)
 
         rotary = self.rotary(hidden, position) if rotary is None else rotary
-        if hidden.shape[0] * hidden.shape[1] not in self.products:
+        m = hidden.shape[0] * hidden.shape[1]
+        if m not in self.products:
             return self._run(hidden, start, end, cache, rotary, masks)
-        with self._router((start, end), self._layers[start:end]):
+        with self._router((start, end), self._layers[start:end], m):
             return self._run(hidden, start, end, cache, rotary, masks)
 
     def _run(
@@ -184,9 +187,10 @@ class DecoderAdapter:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Normed hidden ``[1, m, H]`` to logits ``[m, V]``."""
-        if hidden.shape[0] * hidden.shape[1] not in self.products:
+        m = hidden.shape[0] * hidden.shape[1]
+        if m not in self.products:
             return self.lm_logits(hidden)[0]
-        with self._router("lm_head", [self.model.lm_head]):
+        with self._router("lm_head", [self.model.lm_head], m):
             return self.lm_logits(hidden)[0]
 
     def lm_logits(self, hidden: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
@@ -221,9 +225,10 @@ class DecoderAdapter:
             return _padded_mask(valid.to(hidden.device), hidden.shape[1], window, hidden.dtype)
 
         rotary = self.rotary(hidden, positions) if rotary is None else rotary
-        if hidden.shape[0] * hidden.shape[1] not in self.products:
+        m = hidden.shape[0] * hidden.shape[1]
+        if m not in self.products:
             return self._run(hidden, start, end, cache, rotary, masks)
-        with self._router((start, end), self._layers[start:end]):
+        with self._router((start, end), self._layers[start:end], m):
             return self._run(hidden, start, end, cache, rotary, masks)
 
     # -- what an exit head is made of ------------------------------------------------------------

@@ -8,16 +8,22 @@ positions cost 1.6 times a pass over one. The same product written as ``(W @ x.T
 GEMM path that reads the weights once: 2.3 ms for two rows of that LM head, and as little for one
 row padded with a row of zeros.
 
+A third product is oneDNN's linear (:func:`onednn_linear`, where torch is built with oneDNN, for
+float32 and bfloat16): its cost hardly grows with m. On the same machine one 8960 x 1536 matrix of
+Qwen2.5-1.5B took 3.7 ms with ``F.linear`` for one row, 1.8 ms transposed for one or two rows but
+3.5 ms for three and 5.9 ms for eight, and 2.2 to 3.5 ms through oneDNN for one to eight rows; a
+whole pass over four positions fell from 2.4 to 1.5 times a pass over one.
+
 Which path is faster depends on the back-end, the CPU, the thread count and m, so it is measured:
-:func:`calibrate` times passes of the model both ways for every m and keeps the transposed
-product only where it wins clearly, twice. Both compute the same sums in another order, so results
-differ from ``F.linear``'s in the last bits only, as any change of kernel does; the verifier
-compares the drafter's q with whatever p the target computes, so decoding stays lossless, and
-greedy output is checked against transformers' token for token.
+:func:`calibrate` times passes of the model each way for every m and keeps the fastest other
+product only where it beats ``F.linear`` clearly, twice. All compute the same sums in other
+orders, so results differ from ``F.linear``'s in the last bits only, as any change of kernel
+does; the verifier compares the drafter's q with whatever p the target computes, so decoding
+stays lossless, and greedy output is checked against transformers' token for token.
 
 An adapter applies its :class:`MatmulPlan` itself, pass by pass: a pass over a planned number of
 rows runs inside a :class:`LinearRouter` of the modules it uses, which sends each ``nn.Linear``
-through :func:`transposed_linear`; any other pass runs exactly as it would without a plan.
+through the planned product; any other pass runs exactly as it would without a plan.
 """
 
 from __future__ import annotations
@@ -33,7 +39,8 @@ from typing import Any
 import torch
 from torch import nn
 
-MODES = ("auto", "standard", "transposed")
+MODES = ("auto", "standard", "transposed", "onednn")
+PRODUCTS = ("transposed", "onednn")  # the products other than F.linear, by name
 # The transposed product must beat F.linear by this much, in two measurements and without
 # overlapping timings, to be used: on a 2-core machine shared with other work a pass varies by 10%
 # from one run to the next, and F.linear is the product transformers itself uses.
@@ -61,13 +68,41 @@ def transposed_linear(
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
-def _transposed_forward(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    return transposed_linear(x, module.weight, module.bias)
+def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` through oneDNN's matmul on the weights as they are (nothing is
+    packed or copied ahead of time, so it costs no memory)."""
+    rows = x.reshape(-1, x.shape[-1])
+    out = torch.ops.mkldnn._linear_pointwise(rows, weight, bias, "none", [], "")
+    return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def onednn_serves(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether :func:`onednn_linear` runs here, for weights of ``dtype`` on ``device``, and agrees
+    with ``F.linear`` on a small product (a torch built without it, or a later torch that renamed
+    the operator, keeps to the other products)."""
+    if device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
+        return False
+    if not torch.backends.mkldnn.is_available():
+        return False
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(24, 16, generator=gen).to(dtype)
+    x = torch.randn(3, 16, generator=gen).to(dtype)
+    try:
+        out = onednn_linear(x, weight)
+    except (RuntimeError, AttributeError, NotImplementedError):
+        return False
+    expected = torch.nn.functional.linear(x, weight)
+    return bool(torch.allclose(out.float(), expected.float(), rtol=2e-2, atol=2e-2))
+
+
+def _routed_forward(product: str, module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    multiply = transposed_linear if product == "transposed" else onednn_linear
+    return multiply(x, module.weight, module.bias)
 
 
 class LinearRouter:
-    """While entered, every plain ``nn.Linear`` under ``roots`` multiplies with
-    :func:`transposed_linear`.
+    """While entered, every plain ``nn.Linear`` under ``roots`` multiplies with ``product``
+    (:func:`transposed_linear` or :func:`onednn_linear`).
 
     It shadows each module's ``forward`` on the instance for the duration, so nothing but those
     calls changes: no other operation is intercepted (a ``TorchFunctionMode`` would see every torch
@@ -76,9 +111,9 @@ class LinearRouter:
     state: another thread running the same modules meanwhile gets the same product.
     """
 
-    def __init__(self, roots: Iterable[nn.Module]) -> None:
+    def __init__(self, roots: Iterable[nn.Module], product: str = "transposed") -> None:
         self._linears = [
-            (module, partial(_transposed_forward, module))
+            (module, partial(_routed_forward, product, module))
             for root in roots
             for module in root.modules()
             if type(module) is nn.Linear
@@ -101,60 +136,73 @@ class LinearRouter:
 
 @dataclass(frozen=True)
 class MatmulPlan:
-    """Which row counts m use the transposed product, and the timings that chose them.
+    """Which row counts m leave ``F.linear``, for which product, and the timings that chose them.
 
-    ``timings[m]`` is (standard, transposed) median seconds of a whole pass over m positions; for a
-    row count that won the first measurement, those of the second, which decided.
+    ``rows`` are the row counts that use another product: oneDNN's for those in ``onednn``, the
+    transposed product for the rest. ``timings[m]`` is (standard, other) median seconds of a
+    whole pass over m positions, the other being the fastest of the rest; for a row count that won
+    the first measurement, those of the second, which decided.
     """
 
     rows: frozenset[int] = frozenset()
     timings: dict[int, tuple[float, float]] = field(default_factory=dict)
+    onednn: frozenset[int] = frozenset()
 
     def __contains__(self, m: int) -> bool:
         return m in self.rows
 
+    def product(self, m: int) -> str:
+        """The product of passes over m positions (planned ones: :meth:`__contains__`)."""
+        return "onednn" if m in self.onednn else "transposed"
+
     def describe(self) -> str:
         if not self.rows:
             return "standard F.linear for every pass"
-        return "transposed product for passes over m = " + ", ".join(str(m) for m in sorted(self.rows))
+        parts = []
+        for name, rows in (("transposed product", self.rows - self.onednn), ("oneDNN's", self.onednn)):
+            if rows:
+                parts.append(f"{name} for passes over m = " + ", ".join(str(m) for m in sorted(rows)))
+        return "; ".join(parts)
 
 
-def fixed_plan(rows: Iterable[int]) -> MatmulPlan:
-    """A plan without measuring: the transposed product for exactly these row counts."""
-    return MatmulPlan(frozenset(int(m) for m in rows if m >= 1))
+def fixed_plan(rows: Iterable[int], product: str = "transposed") -> MatmulPlan:
+    """A plan without measuring: ``product`` for exactly these row counts."""
+    planned = frozenset(int(m) for m in rows if m >= 1)
+    return MatmulPlan(planned, onednn=planned if product == "onednn" else frozenset())
 
 
-Samples = dict[int, tuple[list[float], list[float]]]
+Samples = dict[int, dict[str, list[float]]]  # m -> product ("standard" too) -> seconds
 
 
-def _measure(run: Callable[[int, bool], float], counts: list[int], repeats: int) -> Samples:
-    """The times ``run(m, transposed)`` returns, (standard, transposed), ``repeats`` each, for each m.
+def _measure(run: Callable[[int, str], float], counts: list[int], repeats: int, kinds: list[str]) -> Samples:
+    """The times ``run(m, kind)`` returns, ``repeats`` each, for each m and each product in ``kinds``.
 
-    Repeats sweep all row counts, up and down in turn, and swap which product goes first, so a
-    drift of the machine's speed falls on both products and on every m alike.
+    Repeats sweep all row counts, up and down in turn, and reverse the order of the products, so a
+    drift of the machine's speed falls on every product and on every m alike.
     """
     for m in counts:
-        run(m, False)
-        run(m, True)
-    times: Samples = {m: ([], []) for m in counts}
+        for kind in kinds:
+            run(m, kind)
+    times: Samples = {m: {kind: [] for kind in kinds} for m in counts}
     for r in range(repeats):
         for m in counts if r % 2 == 0 else reversed(counts):
-            for transposed in (False, True) if r % 2 == 0 else (True, False):
-                times[m][transposed].append(run(m, transposed))
+            for kind in kinds if r % 2 == 0 else reversed(kinds):
+                times[m][kind].append(run(m, kind))
     return times
 
 
 def _wins(standard: list[float], transposed: list[float]) -> bool:
     """Clearly faster: a median below ``MARGIN`` of F.linear's, and the slower quarter of the
-    transposed passes faster than the faster quarter of the standard ones. Noise that makes the
-    two overlap (other work on the machine) decides for F.linear."""
+    other product's passes faster than the faster quarter of the standard ones. Noise that makes
+    the two overlap (other work on the machine) decides for F.linear."""
     quick = statistics.quantiles(standard, n=4, method="inclusive")[0]
     slow = statistics.quantiles(transposed, n=4, method="inclusive")[2]
     return statistics.median(transposed) < MARGIN * statistics.median(standard) and slow < quick
 
 
-def _medians(samples: Samples) -> dict[int, tuple[float, float]]:
-    return {m: (statistics.median(s), statistics.median(t)) for m, (s, t) in samples.items()}
+def _fastest(samples: dict[str, list[float]]) -> str:
+    """The product other than F.linear with the lowest median."""
+    return min((kind for kind in samples if kind != "standard"), key=lambda k: statistics.median(samples[k]))
 
 
 def calibrate(
@@ -166,14 +214,17 @@ def calibrate(
     clock: Callable[[], float] = time.perf_counter,
     only: Iterable[int] | None = None,
     sample_bytes: int = SAMPLE_BYTES,
+    candidates: Iterable[str] | None = None,
 ) -> MatmulPlan:
-    """Time passes of the adapter's model over m = 1 .. ``max_rows`` positions both ways
-    (or over the row counts in ``only``).
+    """Time passes of the adapter's model over m = 1 .. ``max_rows`` positions with ``F.linear``
+    and with each of ``candidates`` (default: the transposed product, and oneDNN's where it
+    serves the model), or over the row counts in ``only``.
 
     Each pass runs the decoder layers, the final norm and the LM head after ``context`` cached
-    positions, on a scratch cache; the model's weights are only read. A row count where the
-    transposed product wins clearly (:func:`_wins`) is measured again, and is planned only if it
-    wins again. About ``2 * (repeats + 1)`` passes per m, plus ``2 * repeats`` per winner.
+    positions, on a scratch cache; the model's weights are only read. Where the fastest other
+    product wins clearly (:func:`_wins`), it is measured again against ``F.linear`` and is
+    planned only if it wins again. About ``(products) * (repeats + 1)`` passes per m, plus ``2 *
+    repeats`` per winner.
 
     A model whose layers weigh more than ``sample_bytes`` runs only as many of its layers as fit
     (at least one): their time, scaled to all layers, plus the LM head's is the time of a pass.
@@ -182,6 +233,9 @@ def calibrate(
     """
     if repeats < 2:
         raise ValueError("calibration needs at least two repeats to see how much passes vary")
+    if candidates is None:
+        candidates = ["transposed"] + (["onednn"] if onednn_serves(adapter.dtype, adapter.device) else [])
+    others = list(candidates)
     device, saved = adapter.device, adapter.products
     cache = adapter.new_cache(capacity=context + max_rows)
     counts = sorted(set(only)) if only is not None else range(1, max_rows + 1)
@@ -190,8 +244,8 @@ def calibrate(
     layers = sampled_layers(adapter, sample_bytes)
     scale = adapter.num_layers / layers
 
-    def run(m: int, transposed: bool) -> float:
-        adapter.products = fixed_plan([m]) if transposed else MatmulPlan()
+    def run(m: int, kind: str) -> float:
+        adapter.products = MatmulPlan() if kind == "standard" else fixed_plan([m], kind)
         start = clock()
         hidden = adapter.run_layers(inputs[m], 0, layers, cache, context)
         if layers == adapter.num_layers:
@@ -204,16 +258,28 @@ def calibrate(
         cache.crop(context)
         return seconds
 
+    again: Samples = {}
     try:
         with torch.inference_mode():
             prefix = adapter.embed(torch.zeros(context, dtype=torch.long, device=device))
             adapter.run_layers(prefix, 0, layers, cache, 0)
-            first = _measure(run, list(inputs), repeats)
-            again = _measure(run, [m for m, (s, t) in first.items() if _wins(s, t)], repeats)
+            first = _measure(run, list(inputs), repeats, ["standard", *others])
+            best = {m: _fastest(samples) for m, samples in first.items()}
+            for kind in others:
+                won = [
+                    m
+                    for m, samples in first.items()
+                    if best[m] == kind and _wins(samples["standard"], samples[kind])
+                ]
+                again |= _measure(run, won, repeats, ["standard", kind])
     finally:
         adapter.products = saved
-    rows = frozenset(m for m, (s, t) in again.items() if _wins(s, t))
-    return MatmulPlan(rows, _medians(first) | _medians(again))
+    rows = frozenset(m for m, samples in again.items() if _wins(samples["standard"], samples[best[m]]))
+    timings = {
+        m: (statistics.median(samples["standard"]), statistics.median(samples[best[m]]))
+        for m, samples in (first | again).items()
+    }
+    return MatmulPlan(rows, timings, frozenset(m for m in rows if best[m] == "onednn"))
 
 
 def sampled_layers(adapter: Any, sample_bytes: int) -> int:
@@ -228,13 +294,14 @@ def sampled_layers(adapter: Any, sample_bytes: int) -> int:
     return max(1, min(int(adapter.num_layers), sample_bytes // max(per_layer, 1)))
 
 
-_DECISIONS: weakref.WeakKeyDictionary[Any, dict[int, dict[int, tuple[bool, Any]]]] = (
+_DECISIONS: weakref.WeakKeyDictionary[Any, dict[int, dict[int, tuple[bool, Any, str]]]] = (
     weakref.WeakKeyDictionary()
 )
 
 
 def plan_for(adapter: Any, mode: str, max_rows: int) -> MatmulPlan:
-    """The plan for ``mode``: ``"standard"``, ``"transposed"`` (every m <= ``max_rows``) or ``"auto"``.
+    """The plan for ``mode``: ``"standard"``; ``"transposed"`` or ``"onednn"`` (that product for
+    every m <= ``max_rows``); or ``"auto"``.
 
     ``"auto"`` calibrates on CPUs and keeps the standard path elsewhere: GPU GEMMs serve a few rows
     well, and float64 models are reference computations (the test oracles) whose numbers should
@@ -244,8 +311,15 @@ def plan_for(adapter: Any, mode: str, max_rows: int) -> MatmulPlan:
     """
     if mode == "standard":
         return MatmulPlan()
-    if mode == "transposed":
-        return fixed_plan(range(1, max_rows + 1))
+    if mode in PRODUCTS:
+        if mode == "onednn" and not onednn_serves(adapter.dtype, adapter.device):
+            from eesd_core.errors import ConfigError
+
+            raise ConfigError(
+                f"matmul='onednn' needs a torch built with oneDNN and float32 or bfloat16 weights on "
+                f"the CPU (this model: {adapter.dtype} on {adapter.device}): use matmul='auto'."
+            )
+        return fixed_plan(range(1, max_rows + 1), mode)
     if adapter.device.type != "cpu" or adapter.dtype == torch.float64:
         return MatmulPlan()
     known = _DECISIONS.setdefault(adapter.model, {}).setdefault(torch.get_num_threads(), {})
@@ -253,7 +327,8 @@ def plan_for(adapter: Any, mode: str, max_rows: int) -> MatmulPlan:
     if missing:
         measured = calibrate(adapter, max(missing), only=missing)
         for m in missing:
-            known[m] = (m in measured.rows, measured.timings.get(m))
+            known[m] = (m in measured.rows, measured.timings.get(m), measured.product(m))
     rows = range(1, max_rows + 1)
     timings = {m: known[m][1] for m in rows if known[m][1] is not None}
-    return MatmulPlan(frozenset(m for m in rows if known[m][0]), timings)
+    planned = frozenset(m for m in rows if known[m][0])
+    return MatmulPlan(planned, timings, frozenset(m for m in planned if known[m][2] == "onednn"))

@@ -15,9 +15,14 @@ from eesd_core.models.products import (
     MatmulPlan,
     calibrate,
     fixed_plan,
+    onednn_linear,
+    onednn_serves,
     plan_for,
     transposed_linear,
 )
+
+ONEDNN = onednn_serves(torch.float32, torch.device("cpu"))
+needs_onednn = pytest.mark.skipif(not ONEDNN, reason="this torch has no oneDNN linear for float32 on the CPU")
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 9])
@@ -156,7 +161,7 @@ class _Clock:
 def _calibrate(cost, spy: list[int]) -> MatmulPlan:  # noqa: ANN001
     adapter = find_adapter(make_tiny("llama", 1, dtype=torch.float32))
     saved = adapter.products = fixed_plan([7])
-    plan = calibrate(adapter, 4, context=5, repeats=3, clock=_Clock(cost, spy))
+    plan = calibrate(adapter, 4, context=5, repeats=3, clock=_Clock(cost, spy), candidates=["transposed"])
     assert adapter.products is saved
     return plan
 
@@ -223,7 +228,130 @@ def test_a_large_model_calibrates_on_a_sample_of_its_layers(spy: list[int]) -> N
     assert products.sampled_layers(adapter, 1 << 40) == adapter.num_layers
     assert products.sampled_layers(adapter, 1) == 1
     scale = adapter.num_layers
-    plan = calibrate(adapter, 3, context=5, repeats=3, sample_bytes=1,
-                     clock=_Clock(lambda transposed, n: 1.0 if transposed else 2.0, spy))
+    plan = calibrate(
+        adapter,
+        3,
+        context=5,
+        repeats=3,
+        sample_bytes=1,
+        candidates=["transposed"],
+        clock=_Clock(lambda transposed, n: 1.0 if transposed else 2.0, spy),
+    )
     assert plan.rows == frozenset({1, 2, 3})
     assert all(t == (2.0 * scale + 2.0, 1.0 * scale + 1.0) for t in plan.timings.values())
+
+
+# -- oneDNN's product ----------------------------------------------------------------------------
+
+
+@needs_onednn
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 9])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_onednn_linear_equals_linear_in_float32(rows: int, with_bias: bool) -> None:
+    gen = torch.Generator().manual_seed(rows)
+    weight = torch.randn(37, 11, generator=gen)
+    bias = torch.randn(37, generator=gen) if with_bias else None
+    x = torch.randn(1, rows, 11, generator=gen)
+    out = onednn_linear(x, weight, bias)
+    assert out.shape == (1, rows, 37)
+    torch.testing.assert_close(out, F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
+
+
+def test_onednn_serves_float32_and_bfloat16_on_cpus_only() -> None:
+    assert not onednn_serves(torch.float64, torch.device("cpu"))
+    assert not onednn_serves(torch.float32, torch.device("meta"))
+    with pytest.raises(ConfigError, match="onednn"):
+        plan_for(find_adapter(make_tiny("llama", 0)), "onednn", 3)  # float64
+
+
+@pytest.fixture
+def kinds(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The product ("transposed" or "onednn") of every routed product."""
+    calls: list[str] = []
+    for name in ("transposed", "onednn"):
+        original = getattr(products, f"{name}_linear")
+
+        def counting(x, weight, bias=None, name=name, original=original):  # noqa: ANN001, ANN202
+            calls.append(name)
+            return original(x, weight, bias)
+
+        monkeypatch.setattr(products, f"{name}_linear", counting)
+    return calls
+
+
+@needs_onednn
+def test_calibration_keeps_the_fastest_product_for_each_row_count(kinds: list[str]) -> None:
+    """F.linear costs 2, the transposed product 1 for one row and 3 for more, oneDNN's 1.5."""
+    adapter = find_adapter(make_tiny("llama", 1, dtype=torch.float32))
+    state = {"now": 0.0, "m": 1}
+    forward = adapter.run_layers
+
+    def run_layers(hidden, *args, **kwargs):  # noqa: ANN001, ANN202
+        state["m"] = hidden.shape[1]
+        return forward(hidden, *args, **kwargs)
+
+    adapter.run_layers = run_layers  # type: ignore[method-assign]
+
+    def clock() -> float:
+        used = set(kinds)
+        kinds.clear()
+        if "onednn" in used:
+            cost = 1.5
+        elif "transposed" in used:
+            cost = 1.0 if state["m"] == 1 else 3.0
+        else:
+            cost = 2.0
+        state["now"] += cost
+        return state["now"]
+
+    plan = calibrate(adapter, 4, context=5, repeats=3, clock=clock)
+    assert plan.rows == frozenset({1, 2, 3, 4}) and plan.onednn == frozenset({2, 3, 4})
+    assert plan.product(1) == "transposed" and plan.product(3) == "onednn"
+    assert "oneDNN's for passes over m = 2, 3, 4" in plan.describe()
+
+
+@needs_onednn
+def test_a_planned_row_count_runs_its_product(kinds: list[str]) -> None:
+    adapter = find_adapter(make_tiny("qwen2", 0, dtype=torch.float32))
+    adapter.products = MatmulPlan(frozenset({1, 3}), onednn=frozenset({3}))
+    cache = adapter.new_cache()
+    for position, m, expected in ((0, 3, "onednn"), (3, 1, "transposed"), (4, 2, None)):
+        kinds.clear()
+        adapter.logits(
+            adapter.norm(adapter.run_layers(adapter.embed(torch.arange(m)), 0, 4, cache, position))
+        )
+        assert set(kinds) == ({expected} if expected else set()), m
+
+
+@needs_onednn
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "gemma3"])
+def test_onednn_decoding_matches_transformers(family: str) -> None:
+    model = make_tiny(family, 3, dtype=torch.float32)
+    ids = torch.randint(3, 97, (1, 9), generator=torch.Generator().manual_seed(3))
+    expected = model.generate(ids, max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0)
+    for drafter, k in ((None, 0), ("early_exit", 1), ("early_exit", 4)):
+        dec = SpeculativeDecoder(
+            model,
+            drafter=drafter,
+            drafter_options={"exit_layer": 2} if drafter else None,
+            controller="fixed",
+            controller_options={"k": k} if drafter else None,
+            adapter_options={"matmul": "onednn"},
+        )
+        out = dec.generate(ids, max_new_tokens=24, eos_token_id=[])
+        assert dec.adapter.products.product(k + 1) == "onednn"
+        assert torch.equal(out.sequences, expected), (family, drafter, k)
+    batch = SpeculativeDecoder(
+        model,
+        controller="fixed",
+        controller_options={"k": 2},
+        drafter_options={"exit_layer": 2},
+        adapter_options={"matmul": "onednn"},
+    )
+    rows = [ids[0].tolist(), ids[0, 3:].tolist()]
+    out = batch.generate(rows, max_new_tokens=16, eos_token_id=[])
+    for row, sequence in zip(rows, out.sequences, strict=True):
+        solo = model.generate(
+            torch.tensor([row]), max_new_tokens=16, do_sample=False, eos_token_id=None, pad_token_id=0
+        )
+        assert sequence.tolist() == solo[0].tolist()
