@@ -89,34 +89,6 @@ class KVCache:
                 buffers[layer] = new
             self.lengths[layer] = index.shape[1]
 
-    @classmethod
-    def stacked(cls, caches: list[KVCache], width: int, capacity: int) -> KVCache:
-        """One batch cache of single-sequence caches (each row a cache), row b's keys right-aligned
-        to end at slot ``width``, zeros before them, room for ``capacity`` slots in all."""
-        out = cls(caches[0].num_layers, capacity)
-        for layer in range(out.num_layers):
-            for name in ("keys", "values"):
-                held = [getattr(cache, name)[layer] for cache in caches]
-                like = next((t for t in held if t is not None), None)
-                if like is None:
-                    continue
-                buffer = like.new_zeros((len(caches), like.shape[1], capacity, like.shape[3]))
-                for row, (cache, t) in enumerate(zip(caches, held, strict=True)):
-                    n = cache.lengths[layer]
-                    if n and t is not None:
-                        buffer[row, :, width - n : width] = t[0, :, :n]
-                getattr(out, name)[layer] = buffer
-            out.lengths[layer] = width
-        return out
-
-    def append_slots(self, other: KVCache, row: int, start: int, count: int) -> None:
-        """Append slots [start, start + count) of batch row ``row`` of ``other`` to every layer."""
-        for layer in range(min(self.num_layers, other.num_layers)):
-            keys, values = other.keys[layer], other.values[layer]
-            if keys is not None and values is not None and count > 0:
-                end = start + count
-                self.update(keys[row : row + 1, :, start:end], values[row : row + 1, :, start:end], layer)
-
     def nbytes(self) -> int:
         """Bytes held by the buffers (what the cache costs in memory)."""
         return sum(t.numel() * t.element_size() for t in self.keys + self.values if t is not None)

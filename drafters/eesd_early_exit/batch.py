@@ -128,8 +128,8 @@ class BatchDrafting:
             layout.valid[row, width - n : width] = True
             layout.positions[row, width - n : width] = torch.arange(n, device=layout.positions.device)
         layout.slots = width
-        cache = KVCache.stacked([state.cache for state in states], width, width + extra)
-        exit_cache = KVCache.stacked([state.exit_cache for state in states], width, width + extra)
+        cache = stacked([state.cache for state in states], width, width + extra)
+        exit_cache = stacked([state.exit_cache for state in states], width, width + extra)
         return BatchExitState(cache, layout, exit_cache, exit_slots=width)
 
     def part(self, joined: BatchExitState, states: list[Any], fed: list[int], hidden: torch.Tensor) -> None:
@@ -140,8 +140,8 @@ class BatchDrafting:
         width = joined.layout.slots
         steps = hidden.shape[1] - 1  # step_batch calls: the exit layers ran on slots W .. W + steps - 1
         for row, (state, count) in enumerate(zip(states, fed, strict=True)):
-            state.cache.append_slots(joined.cache, row, width, count)
-            state.exit_cache.append_slots(joined.exit_cache, row, width, min(count, steps))
+            append_slots(state.cache, joined.cache, row, width, count)
+            append_slots(state.exit_cache, joined.exit_cache, row, width, min(count, steps))
             if count > steps and self.head.num_layers:  # its last input ran layers [0, N) only
                 self._defer(state, hidden[row : row + 1, steps:])
 
@@ -189,3 +189,33 @@ class BatchDrafting:
         gathered = state.tops.gather(1, take[:, :, None].expand(-1, -1, state.tops.shape[2]))
         normed = self.head.top_state(gathered)
         return normed.masked_fill((previous < 0).to(normed.device)[:, :, None], 0.0)
+
+
+def stacked(caches: list[KVCache], width: int, capacity: int) -> KVCache:
+    """One batch cache of single-sequence caches (each row a cache), row b's keys right-aligned
+    to end at slot ``width``, zeros before them, room for ``capacity`` slots in all."""
+    out = KVCache(caches[0].num_layers, capacity)
+    for layer in range(out.num_layers):
+        for name in ("keys", "values"):
+            held = [getattr(cache, name)[layer] for cache in caches]
+            like = next((t for t in held if t is not None), None)
+            if like is None:
+                continue
+            buffer = like.new_zeros((len(caches), like.shape[1], capacity, like.shape[3]))
+            for row, (cache, t) in enumerate(zip(caches, held, strict=True)):
+                n = cache.lengths[layer]
+                if n and t is not None:
+                    buffer[row, :, width - n : width] = t[0, :, :n]
+            getattr(out, name)[layer] = buffer
+        out.lengths[layer] = width
+    return out
+
+
+def append_slots(cache: KVCache, other: KVCache, row: int, start: int, count: int) -> None:
+    """Append slots [start, start + count) of batch row ``row`` of ``other`` to every layer of
+    ``cache``."""
+    for layer in range(min(cache.num_layers, other.num_layers)):
+        keys, values = other.keys[layer], other.values[layer]
+        if keys is not None and values is not None and count > 0:
+            end = start + count
+            cache.update(keys[row : row + 1, :, start:end], values[row : row + 1, :, start:end], layer)
