@@ -3,7 +3,8 @@
 For batch size B the rows are the first B prompts of the pool (Spec-Bench first turns through the
 chat template, categories taken in turn so that a batch mixes tasks; the pool repeats when it is
 shorter than B), left-padded with the tokenizer's pad id (its EOS if it has none), as transformers
-takes them. Every method makes one untimed warm-up generation; then, for each B and repeat, the
+takes them. Every method makes one untimed warm-up generation at each B (a decoder chooses its
+products for a batch size's passes the first time it meets it); then, for each B and repeat, the
 methods run one after the other in an order that rotates by one place per repeat, each call timed
 from outside with ``time.perf_counter``. Reported numbers are medians over the repeats:
 
@@ -270,10 +271,10 @@ def measure(
     """Samples of every method, batch and repeat (interleaved, rotating), and every row's tokens."""
     from eesd_bench.run import rotated
 
-    for runner in runners.values():
-        runner.run(batches[0].ids, batches[0].mask, min(max_new_tokens, WARMUP_TOKENS))
     samples, outputs = [], {}
     for index, batch in enumerate(batches):
+        for runner in runners.values():  # one-time costs of this batch size (products, buffers)
+            runner.run(batch.ids, batch.mask, min(max_new_tokens, WARMUP_TOKENS))
         for repeat in range(repeats):
             done = []
             for name in rotated(list(runners), index + repeat):

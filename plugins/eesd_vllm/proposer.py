@@ -19,7 +19,9 @@ dropped; a preempted and recomputed request finds its cache if it is still there
 zero included, from what it learnt of acceptance and from the measured costs: this proposer's own
 time, and the time vLLM takes between two calls, which is its verification pass. A row that drafts
 nothing this step costs nothing: the tokens its cache lacks wait, and run in one pass when it next
-drafts. Drafts are the exit head's argmax.
+drafts. The rows that draft do so together, one pass of layers [0, N) and the head per draft step
+for all of them (the drafter's batch path over their caches, joined for the round), and a row the
+controller stops takes no more drafts. Drafts are the exit head's argmax.
 
 **Lossless.** vLLM's rejection sampler treats drafts given as token ids alone as drawn from a
 one-hot q on each draft: at temperature 0 a draft is kept iff it is the target's argmax, and at
