@@ -200,9 +200,10 @@ def _wins(standard: list[float], transposed: list[float]) -> bool:
     return statistics.median(transposed) < MARGIN * statistics.median(standard) and slow < quick
 
 
-def _fastest(samples: dict[str, list[float]]) -> str:
-    """The product other than F.linear with the lowest median."""
-    return min((kind for kind in samples if kind != "standard"), key=lambda k: statistics.median(samples[k]))
+def _choice(samples: dict[str, list[float]]) -> str | None:
+    """Of the products that beat F.linear clearly, the one with the lowest median; or None."""
+    winners = [k for k in samples if k != "standard" and _wins(samples["standard"], samples[k])]
+    return min(winners, key=lambda k: statistics.median(samples[k])) if winners else None
 
 
 def calibrate(
@@ -221,10 +222,11 @@ def calibrate(
     serves the model), or over the row counts in ``only``.
 
     Each pass runs the decoder layers, the final norm and the LM head after ``context`` cached
-    positions, on a scratch cache; the model's weights are only read. Where the fastest other
-    product wins clearly (:func:`_wins`), it is measured again against ``F.linear`` and is
-    planned only if it wins again. About ``(products) * (repeats + 1)`` passes per m, plus ``2 *
-    repeats`` per winner.
+    positions, on a scratch cache; the model's weights are only read. Where some other product
+    wins clearly (:func:`_wins`), all are measured again, and the fastest that wins again is
+    planned (a product whose passes vary, as the transposed one's do on some CPUs, then yields to
+    a steadier one rather than to ``F.linear``). About ``(products) * (repeats + 1)`` passes per
+    m, twice that where another product won.
 
     A model whose layers weigh more than ``sample_bytes`` runs only as many of its layers as fit
     (at least one): their time, scaled to all layers, plus the LM head's is the time of a pass.
@@ -258,28 +260,22 @@ def calibrate(
         cache.crop(context)
         return seconds
 
-    again: Samples = {}
     try:
         with torch.inference_mode():
             prefix = adapter.embed(torch.zeros(context, dtype=torch.long, device=device))
             adapter.run_layers(prefix, 0, layers, cache, 0)
-            first = _measure(run, list(inputs), repeats, ["standard", *others])
-            best = {m: _fastest(samples) for m, samples in first.items()}
-            for kind in others:
-                won = [
-                    m
-                    for m, samples in first.items()
-                    if best[m] == kind and _wins(samples["standard"], samples[kind])
-                ]
-                again |= _measure(run, won, repeats, ["standard", kind])
+            kinds = ["standard", *others]
+            first = _measure(run, list(inputs), repeats, kinds)
+            again = _measure(run, [m for m, s in first.items() if _choice(s)], repeats, kinds)
     finally:
         adapter.products = saved
-    rows = frozenset(m for m, samples in again.items() if _wins(samples["standard"], samples[best[m]]))
-    timings = {
-        m: (statistics.median(samples["standard"]), statistics.median(samples[best[m]]))
-        for m, samples in (first | again).items()
-    }
-    return MatmulPlan(rows, timings, frozenset(m for m in rows if best[m] == "onednn"))
+    chosen = {m: _choice(samples) for m, samples in again.items()}
+    timings = {}
+    for m, samples in (first | again).items():
+        other = chosen.get(m) or min(others, key=lambda k: statistics.median(samples[k]))
+        timings[m] = (statistics.median(samples["standard"]), statistics.median(samples[other]))
+    rows = frozenset(m for m, kind in chosen.items() if kind)
+    return MatmulPlan(rows, timings, frozenset(m for m, kind in chosen.items() if kind == "onednn"))
 
 
 def sampled_layers(adapter: Any, sample_bytes: int) -> int:
