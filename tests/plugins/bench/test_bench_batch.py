@@ -229,3 +229,28 @@ def test_the_table_puts_each_peak_beside_transformers() -> None:
     header, rows = _table_rows(result)
     assert header[-2:] == ["peak RSS delta", "RSS x hf"]
     assert [r[-2:] for r in rows] == [["40.0 MiB", "1.00"], ["30.0 MiB", "0.75"]]
+
+
+def test_every_method_warms_up_at_each_batch_size_before_it_is_timed() -> None:
+    from types import SimpleNamespace
+
+    from eesd_bench.batch import WARMUP_TOKENS, measure
+
+    calls: list[tuple[str, int, int]] = []
+
+    class Runner:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def run(self, ids, mask, max_new_tokens):  # noqa: ANN001, ANN202
+            calls.append((self.name, ids.shape[0], max_new_tokens))
+            rows = [[5] * max_new_tokens for _ in range(ids.shape[0])]
+            return SimpleNamespace(rows=rows, seconds=1.0, row_seconds=[1.0] * len(rows), stats={})
+
+    pool = [[1, 2, 3], [4, 5]]
+    batches = [make_batch(pool, size, 0) for size in (1, 4)]
+    measure({"a": Runner("a"), "b": Runner("b")}, batches, repeats=2, max_new_tokens=32)
+    for size in (1, 4):
+        at_size = [(name, n) for name, b, n in calls if b == size]
+        assert at_size[:2] == [("a", WARMUP_TOKENS), ("b", WARMUP_TOKENS)]
+        assert sorted(at_size[2:]) == [("a", 32), ("a", 32), ("b", 32), ("b", 32)]
