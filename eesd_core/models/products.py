@@ -84,9 +84,9 @@ def onednn_serves(dtype: torch.dtype, device: torch.device) -> bool:
         return False
     if not torch.backends.mkldnn.is_available():
         return False
-    gen = torch.Generator().manual_seed(0)
-    weight = torch.randn(24, 16, generator=gen).to(dtype)
-    x = torch.randn(3, 16, generator=gen).to(dtype)
+    gen = torch.Generator(device=device).manual_seed(0)
+    weight = torch.randn(24, 16, generator=gen, device=device).to(dtype)
+    x = torch.randn(3, 16, generator=gen, device=device).to(dtype)
     try:
         out = onednn_linear(x, weight)
     except (RuntimeError, AttributeError, NotImplementedError):
