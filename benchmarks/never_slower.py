@@ -40,6 +40,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from eesd_core import SpeculativeDecoder
+from eesd_core.models.products import MODES
 
 PROMPTS: list[tuple[str, str]] = [
     ("code", "Write a Python function that checks whether a string is a palindrome."),
@@ -91,10 +92,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--json", type=Path, default=None, help="also write every run and the summary here")
     parser.add_argument(
         "--matmul",
-        choices=("auto", "standard", "transposed"),
+        choices=MODES,
         default="auto",
         help="the short-pass product of every eesd decoder (adapter option); 'standard' is F.linear "
-        "everywhere, as on a machine where the transposed product never wins",
+        "everywhere, as on a machine where no other product wins",
     )
     args = parser.parse_args(argv)
     if not 1 <= args.prompts <= len(PROMPTS):

@@ -346,8 +346,7 @@ class EarlyExitProposer:
             token, _, prob, top, entropy = sample_draft(draft, GREEDY, None)  # type: ignore[arg-type]
             drafts.append(token)
             signals.append((prob, top, entropy))
-            step = DraftStep(len(drafts), room, costs, token, prob, top, entropy, row)
-            if len(drafts) >= room or not self.controller.should_continue(step):
+            if not self._draft_on(row, room, costs, drafts, signals):
                 break
         # the last draft goes through layers [0, N) too, so that a fully accepted round needs nothing
         self.drafter.finish(state, token, position + len(drafts))

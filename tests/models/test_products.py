@@ -195,8 +195,16 @@ def test_calibration_keeps_f_linear_when_a_win_does_not_repeat(spy: list[int]) -
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral", "gemma3"])
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_transposed_decoding_matches_transformers(family: str, dtype: torch.dtype) -> None:
+@pytest.mark.parametrize(
+    ("dtype", "matmul"),
+    [
+        (torch.float64, "transposed"),
+        (torch.float32, "transposed"),
+        pytest.param(torch.float32, "onednn", marks=needs_onednn),  # it serves no float64
+    ],
+)
+def test_short_pass_products_decode_like_transformers(family: str, dtype: torch.dtype, matmul: str) -> None:
+    """Every pass through the product (plain, early exit with k = 1, 3, 8), and a ragged batch."""
     model = make_tiny(family, 3, dtype=dtype)
     ids = torch.randint(3, 97, (1, 9), generator=torch.Generator().manual_seed(3))
     expected = model.generate(ids, max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0)
@@ -207,11 +215,25 @@ def test_transposed_decoding_matches_transformers(family: str, dtype: torch.dtyp
             drafter_options={"exit_layer": 2} if drafter else None,
             controller="fixed",
             controller_options={"k": k} if drafter else None,
-            adapter_options={"matmul": "transposed"},
+            adapter_options={"matmul": matmul},
         )
         out = dec.generate(ids, max_new_tokens=24, eos_token_id=[])
-        assert 1 in dec.adapter.products.rows
+        assert 1 in dec.adapter.products.rows and dec.adapter.products.product(k + 1) == matmul
         assert torch.equal(out.sequences, expected), (family, dtype, drafter, k)
+    batch = SpeculativeDecoder(
+        model,
+        controller="fixed",
+        controller_options={"k": 2},
+        drafter_options={"exit_layer": 2},
+        adapter_options={"matmul": matmul},
+    )
+    rows = [ids[0].tolist(), ids[0, 3:].tolist()]
+    out = batch.generate(rows, max_new_tokens=16, eos_token_id=[])
+    for row, sequence in zip(rows, out.sequences, strict=True):
+        solo = model.generate(
+            torch.tensor([row]), max_new_tokens=16, do_sample=False, eos_token_id=None, pad_token_id=0
+        )
+        assert sequence.tolist() == solo[0].tolist()
 
 
 @pytest.mark.parametrize("options", [{"matmul": "fastest"}, {"matmull": "auto"}])
@@ -321,37 +343,3 @@ def test_a_planned_row_count_runs_its_product(kinds: list[str]) -> None:
             adapter.norm(adapter.run_layers(adapter.embed(torch.arange(m)), 0, 4, cache, position))
         )
         assert set(kinds) == ({expected} if expected else set()), m
-
-
-@needs_onednn
-@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "gemma3"])
-def test_onednn_decoding_matches_transformers(family: str) -> None:
-    model = make_tiny(family, 3, dtype=torch.float32)
-    ids = torch.randint(3, 97, (1, 9), generator=torch.Generator().manual_seed(3))
-    expected = model.generate(ids, max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0)
-    for drafter, k in ((None, 0), ("early_exit", 1), ("early_exit", 4)):
-        dec = SpeculativeDecoder(
-            model,
-            drafter=drafter,
-            drafter_options={"exit_layer": 2} if drafter else None,
-            controller="fixed",
-            controller_options={"k": k} if drafter else None,
-            adapter_options={"matmul": "onednn"},
-        )
-        out = dec.generate(ids, max_new_tokens=24, eos_token_id=[])
-        assert dec.adapter.products.product(k + 1) == "onednn"
-        assert torch.equal(out.sequences, expected), (family, drafter, k)
-    batch = SpeculativeDecoder(
-        model,
-        controller="fixed",
-        controller_options={"k": 2},
-        drafter_options={"exit_layer": 2},
-        adapter_options={"matmul": "onednn"},
-    )
-    rows = [ids[0].tolist(), ids[0, 3:].tolist()]
-    out = batch.generate(rows, max_new_tokens=16, eos_token_id=[])
-    for row, sequence in zip(rows, out.sequences, strict=True):
-        solo = model.generate(
-            torch.tensor([row]), max_new_tokens=16, do_sample=False, eos_token_id=None, pad_token_id=0
-        )
-        assert sequence.tolist() == solo[0].tolist()
