@@ -8,7 +8,9 @@ Loads SmolLM2-135M-Instruct once and, in one process, times greedy decoding with
   for this model, Thompson controller);
 * ``always_no``: early exit with a controller that never drafts
   (``controller="fixed", controller_options={"k": 0}``): every round is a plain step taken
-  through the drafter's path, so its ratio to ``plain`` is the price of that path.
+  through the drafter's path, so its ratio to ``plain`` is the price of that path;
+* ``keep_all``: the default with ``controller_options={"withdraw": False}``: every draft made is
+  verified, so ``default/keep_all`` is what taking doubtful drafts back (and looking) gains.
 
 Methods are interleaved over prompts and repeats (the order rotates) so that drifts in machine
 load fall on all of them; each method is warmed up once before timing. Every eesd output is
@@ -69,7 +71,7 @@ PROMPTS: list[tuple[str, str]] = [
     ("math", "Solve for x: 3x + 7 = 25. Explain each step."),
 ]
 
-METHODS = ("transformers", "plain", "default", "always_no")
+METHODS = ("transformers", "plain", "default", "always_no", "keep_all")
 
 
 def default_model_path() -> Path:
@@ -130,6 +132,7 @@ class Runner:
             "always_no": SpeculativeDecoder(
                 model, controller="fixed", controller_options={"k": 0}, **products
             ),
+            "keep_all": SpeculativeDecoder(model, controller_options={"withdraw": False}, **products),
         }
 
     def __call__(self, method: str, input_ids: torch.Tensor) -> tuple[list[int], float, Any]:
@@ -211,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
                         "rounds": getattr(stats, "rounds", None),
                         "drafted": getattr(stats, "drafted", None),
                         "accepted": getattr(stats, "accepted", None),
+                        "withdrawn": getattr(stats, "withdrawn", None),
                     }
                 )
             progress = f"  repeat {repeat + 1}/{args.repeats}, prompt {index + 1}/{len(inputs)}"
@@ -224,13 +228,15 @@ def main(argv: list[str] | None = None) -> int:
 
     # median speed of each method on each prompt
     speed: dict[str, list[float]] = {m: [] for m in METHODS}
-    drafted: list[tuple[int, int, int]] = []
+    drafted: list[tuple[int, int, int, int]] = []
     for index in range(len(inputs)):
         for method in METHODS:
             mine = [r for r in runs if r["method"] == method and r["prompt"] == index]
             speed[method].append(median([r["new_tokens"] / r["seconds"] for r in mine]))
         last = [r for r in runs if r["method"] == "default" and r["prompt"] == index][-1]
-        drafted.append((last["rounds"] or 0, last["drafted"] or 0, last["accepted"] or 0))
+        drafted.append(
+            (last["rounds"] or 0, last["drafted"] or 0, last["accepted"] or 0, last["withdrawn"] or 0)
+        )
 
     # ratios paired within a repeat (the same prompt, back to back), then the median over repeats
     pairs = {
@@ -238,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         "default/transformers": ("default", "transformers"),
         "always_no/plain": ("always_no", "plain"),
         "plain/transformers": ("plain", "transformers"),
+        "default/keep_all": ("default", "keep_all"),
     }
     ratios = {
         name: [median(_paired(runs, index, a, b, args.repeats)) for index in range(len(inputs))]
@@ -246,14 +253,14 @@ def main(argv: list[str] | None = None) -> int:
 
     print()
     header = f"{'#':>2} {'kind':8} {'new':>4} " + " ".join(f"{m:>12}" for m in METHODS)
-    header += " " + " ".join(f"{name:>20}" for name in ratios) + "  default rounds/drafted/accepted"
+    header += " " + " ".join(f"{name:>20}" for name in ratios) + "  default rounds/drafted/accepted/withdrawn"
     print("tokens/s (median over repeats) and ratios")
     print(header)
     for index, (kind, _) in enumerate(prompts):
         new = [r["new_tokens"] for r in runs if r["prompt"] == index and r["method"] == "transformers"][0]
         line = f"{index + 1:>2} {kind:8} {new:>4} " + " ".join(f"{speed[m][index]:>12.2f}" for m in METHODS)
         line += " " + " ".join(f"{ratios[name][index]:>20.3f}" for name in ratios)
-        line += "  {}/{}/{}".format(*drafted[index])
+        line += "  {}/{}/{}/{}".format(*drafted[index])
         print(line)
     print(
         f"{'median':>16} "
@@ -264,12 +271,13 @@ def main(argv: list[str] | None = None) -> int:
     summary = {name: median(values) for name, values in ratios.items()}
     print()
     print("medians over prompts:")
-    for name in ("default/plain", "default/transformers", "always_no/plain", "plain/transformers"):
+    for name in ratios:
         print(f"  {name:22} {summary[name]:.3f}")
-    total = [sum(d[i] for d in drafted) for i in range(3)]
+    total = [sum(d[i] for d in drafted) for i in range(4)]
     drafts = (
         f"{total[1]} drafts, {total[2]} accepted ({total[2] / total[1]:.0%})" if total[1] else "no drafts"
     )
+    drafts += f", {total[3]} taken back"
     print(f"default, last repeat: {total[0]} rounds, {drafts}")
     if mismatches:
         print(

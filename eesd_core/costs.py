@@ -25,17 +25,26 @@ def _line(points: list[tuple[int, float]]) -> tuple[float, float] | None:
 
 
 class CostTracker:
-    """Smoothed proposal time by k and verification time by m."""
+    """Smoothed proposal time by k, verification time by m, and the peek of withdrawn drafts."""
 
     def __init__(self, max_k: int, smoothing: float = 0.2, batch_size: int = 1) -> None:
         self.smoothing = smoothing
         self.batch_size = batch_size
         self.propose: list[float | None] = [None] * (max_k + 1)
         self.verify: list[float | None] = [None] * (max_k + 2)
+        self.peek: float | None = None
         self._snapshot: Costs | None = None
 
-    def observe(self, k: int, propose_time: float, verify_time: float) -> None:
-        self.propose[k] = self._smooth(self.propose[k], propose_time)
+    def observe(self, k: int, propose_time: float, verify_time: float, withdrawn: bool = False) -> None:
+        """A round of k verified drafts; ``withdrawn``: its last draft step was taken back, so its
+        drafting time is k drafts' plus the peek (and no finish), which is what it teaches."""
+        if withdrawn:
+            kept = self.snapshot().round_time(k)
+            verify = self.snapshot().verify(k + 1)
+            if kept is not None and verify is not None:
+                self.peek = self._smooth(self.peek, max(propose_time - (kept - verify), 0.0))
+        else:
+            self.propose[k] = self._smooth(self.propose[k], propose_time)
         self.verify[k + 1] = self._smooth(self.verify[k + 1], verify_time)
         self._snapshot = None
 
@@ -62,4 +71,10 @@ class CostTracker:
                 return measured[m]
             return None if vline is None else max(vline[0] + vline[1] * m, 0.0)
 
-        return Costs(draft_step=draft_step, propose_base=base, verify=verify, batch_size=self.batch_size)
+        return Costs(
+            draft_step=draft_step,
+            propose_base=base,
+            verify=verify,
+            batch_size=self.batch_size,
+            measured_peek=self.peek,
+        )

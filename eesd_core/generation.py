@@ -19,7 +19,15 @@ import torch
 
 from eesd_core.config import GenerationConfig
 from eesd_core.devices import HOST
-from eesd_core.protocols import Draft, DraftStep, RandomSource, Request, RoundOutcome, SamplingParams
+from eesd_core.protocols import (
+    Draft,
+    DraftStep,
+    RandomSource,
+    Request,
+    RoundOutcome,
+    SamplingParams,
+    Withdrawn,
+)
 from eesd_core.sampling import check_finite, confidence, process_logits
 from eesd_core.stats import GenerationStats
 
@@ -36,6 +44,7 @@ class RoundDrafts:
     probs: list[float] = field(default_factory=list)
     top1: list[float] = field(default_factory=list)
     entropies: list[float] = field(default_factory=list)
+    withdrawn: tuple[Draft, torch.Tensor | None, float, float] | None = None  # (draft, q, top-1, entropy)
 
     def add(self, token: int, row: torch.Tensor | None, prob: float, top: float, entropy: float) -> None:
         self.tokens.append(token)
@@ -63,19 +72,38 @@ def _one_hot(token: int, vocab: int, like: torch.Tensor) -> torch.Tensor:
 
 
 def sample_draft(
-    draft: Draft, sampling: SamplingParams, rng: RandomSource
+    draft: Draft,
+    sampling: SamplingParams,
+    rng: RandomSource,
+    distribution: tuple[torch.Tensor | None, torch.Tensor] | None = None,
 ) -> tuple[int, torch.Tensor | None, float, float, float]:
     """Draw a draft from q: (token, q or None, q(token), top-1, entropy). At temperature 0 the
     argmax, with q's confidence at temperature 1 (q is then one-hot, so ``None``)."""
+    q, probs = distribution or draft_distribution(draft, sampling)
+    assert draft.logits is not None
+    choice = draft.logits.argmax() if q is None else rng.categorical(q)
+    token, prob, top, entropy = confidence(probs, choice)
+    return (token, q, prob, top, entropy)
+
+
+def draft_distribution(draft: Draft, sampling: SamplingParams) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """(q to sample and verify with, ``None`` when greedy: one-hot at the argmax; the
+    distribution its confidence is read from: q, or at temperature 0 the softmax). # [V]"""
     logits = draft.logits
     assert logits is not None
     check_finite(logits, "Draft")
     if sampling.greedy:
-        token, prob, top, entropy = confidence(torch.softmax(logits.float(), dim=-1), logits.argmax())
-        return (token, None, prob, top, entropy)
+        return None, torch.softmax(logits.float(), dim=-1)
     probs = process_logits(logits[None], sampling)[0]
-    token, prob, top, entropy = confidence(probs, rng.categorical(probs))
-    return (token, probs, prob, top, entropy)
+    return probs, probs
+
+
+def acceptance_chance(draft: Draft, q: torch.Tensor | None, p: torch.Tensor) -> float:
+    """sum_x min(p(x), q(x)): the chance that a draft from q is accepted against p. # [V], [V]"""
+    if q is None:
+        assert draft.logits is not None
+        return float(p[draft.logits.argmax()])
+    return float(torch.minimum(p, q.to(p.dtype)).sum())
 
 
 class Generation:
@@ -99,6 +127,8 @@ class Generation:
             capacity=decoder.cache_capacity(len(prompt), config.max_new_tokens)
         )
         self.draft_state: Any = None
+        withdraws = decoder.drafter is not None and getattr(decoder.drafter, "withdraws", False) is True
+        self.keep = decoder.guard.keeper(decoder.controller) if withdraws else None
         self.done = False
         self._started: float | None = None
 
@@ -157,6 +187,7 @@ class Generation:
                 dec.config.max_draft_tokens,
                 self.sampling,
                 dec.costs.snapshot(),
+                withdraws=self.keep is not None,
             )
             dec.guard.call_controller("start", dec.controller.start, request)
         self.stats.prefill_time = dec.clock() - self._started
@@ -178,9 +209,14 @@ class Generation:
         if dec.drafter is not None and dec.drafter.reads_top_states:
             dec.guard.call_drafter("top_states", dec.drafter.top_states, self.draft_state, top, position)
         t2 = dec.clock()
+        withdrawn = None
+        if drafts.withdrawn is not None:
+            draft, q, top1, entropy = drafts.withdrawn
+            seen = acceptance_chance(draft, q, p[k]) if n == k else None
+            withdrawn = Withdrawn(top1, entropy, seen)
         committed = drafts.tokens[:n] + [token]
         self._rollback(position + n + 1)
-        dec.costs.observe(k, t1 - t0, t2 - t1)
+        dec.costs.observe(k, t1 - t0, t2 - t1, withdrawn is not None)
         outcome = RoundOutcome(
             position,
             k,
@@ -192,6 +228,7 @@ class Generation:
             tuple(drafts.top1),
             tuple(drafts.entropies),
             costs,
+            withdrawn=withdrawn,
         )
         if dec.drafter is not None:
             dec.guard.call_controller("update", dec.controller.update, outcome)
@@ -211,6 +248,7 @@ class Generation:
         fixed: list[int] = []
         token = int(self.tokens[position])
         step = DraftStep(index=0, max_draft_tokens=max_k, costs=costs)
+        distribution = None
         while ask(step):
             i = len(drafts.tokens)
             if not fixed:
@@ -221,15 +259,23 @@ class Generation:
                     fixed = list(draft.tokens)
                     if not fixed:
                         break
+                elif self.keep is not None:
+                    # before sampling, so that keeping depends on q alone and verification stays exact
+                    distribution = q, probs = draft_distribution(draft, self.sampling)
+                    _, _, top, entropy = confidence(probs, 0)
+                    if not self.keep(DraftStep(i + 1, max_k, costs, None, None, top, entropy)):
+                        drafts.withdrawn = (draft, q, top, entropy)
+                        break
             if fixed:
                 token, row, prob, top, entropy = fixed.pop(0), None, 1.0, 1.0, 0.0
             else:
-                token, row, prob, top, entropy = sample_draft(draft, self.sampling, self.rng)
+                token, row, prob, top, entropy = sample_draft(draft, self.sampling, self.rng, distribution)
             drafts.add(token, row, prob, top, entropy)
             self.tokens[position + 1 + i] = token
             step = DraftStep(len(drafts.tokens), max_k, costs, token, prob, top, entropy)
         k = len(drafts.tokens)
-        hidden = guard.call_drafter("finish", drafter.finish, state, token, position + k)
+        last = None if drafts.withdrawn is not None else token
+        hidden = guard.call_drafter("finish", drafter.finish, state, last, position + k)
         guard.check_hidden(hidden, k, drafter.shared_layers, dec.adapter.num_layers)
         return drafts, hidden
 

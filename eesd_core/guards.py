@@ -52,13 +52,28 @@ class Guarded:
             if step.index >= max_draft_tokens:
                 return False
             decision = self.call_controller("should_continue", controller.should_continue, step)
-            if decision is not True and decision is not False:
-                if type(decision).__name__ == "bool_":  # numpy.bool_
-                    return bool(decision)
-                raise self.fault("controller", f"returned {decision!r} from should_continue(), not a bool")
-            return decision
+            return self._decision("should_continue", decision)
 
         return ask
+
+    def keeper(self, controller: Any) -> Callable[[DraftStep], bool] | None:
+        """The controller's ``keep`` (whether to verify a draft it has seen the q of), checked like
+        ``should_continue``; ``None`` for a controller that has none."""
+        keep = getattr(controller, "keep", None)
+        if not callable(keep):
+            return None
+
+        def ask(step: DraftStep) -> bool:
+            return self._decision("keep", self.call_controller("keep", keep, step))
+
+        return ask
+
+    def _decision(self, what: str, decision: Any) -> bool:
+        if decision is not True and decision is not False:
+            if type(decision).__name__ == "bool_":  # numpy.bool_
+                return bool(decision)
+            raise self.fault("controller", f"returned {decision!r} from {what}(), not a bool")
+        return decision
 
     def check_drafter(self, drafter: Any, num_layers: int) -> None:
         """The drafter's declared members, once it is attached to the target."""

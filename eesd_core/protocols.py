@@ -8,6 +8,8 @@ A round, as the engine runs it (the one draft loop, :meth:`SpeculativeDecoder._d
     token = pending
     while controller.should_continue(DraftStep(i, ...)):   # asked before every draft, i = 0 first
         draft = drafter.step(state, token, position + i, history)   # q's logits, or fixed tokens
+        if not controller.keep(DraftStep(i + 1, top-1, entropy of q)):  # optional; before sampling
+            withdraw the step's draft; token = None; stop
         token = sample from q (or the next fixed token); record q(token), top-1, entropy
     hidden = drafter.finish(state, token, position + k)  # layer-N states of [pending, d_1..d_k]
     p = target layers [N, L) over hidden                 # [k+1, V]
@@ -50,13 +52,16 @@ class Costs:
     draft steps (for the early-exit drafter: pushing the last token through layers [0, N));
     ``verify`` maps a number of verified positions m = k + 1 to the cost of one target pass.
     ``batch_size``: how many rows share these rounds (their times are the whole batch's, so one
-    row's longer round costs every row that time).
+    row's longer round costs every row that time). ``peek``: what a round's drafting costs beyond
+    its kept drafts when its last draft step was withdrawn (see :meth:`Controller.keep`): measured
+    once a round withdrew, else modelled as ``draft_step - propose_base``.
     """
 
     draft_step: float | None = None
     propose_base: float | None = None
     verify: Callable[[int], float | None] = field(default=lambda m: None, compare=False)
     batch_size: int = 1
+    measured_peek: float | None = None
 
     def round_time(self, k: int) -> float | None:
         """Modelled time of a round with k drafts (k = 0 is a plain decoding step)."""
@@ -69,10 +74,20 @@ class Costs:
     def plain_step(self) -> float | None:
         return self.round_time(0)
 
+    @property
+    def peek(self) -> float | None:
+        if self.measured_peek is not None:
+            return self.measured_peek
+        if self.draft_step is None or self.propose_base is None:
+            return None
+        return max(self.draft_step - self.propose_base, 0.0)
+
 
 @dataclass(frozen=True)
 class Request:
-    """What a controller learns about a generation when it starts."""
+    """What a controller learns about a generation when it starts. ``withdraws``: whether the
+    engine will ask :meth:`Controller.keep` this generation (a lone sequence, a drafter that can
+    take a draft back, a controller that has ``keep``)."""
 
     prompt_length: int
     max_new_tokens: int
@@ -80,6 +95,7 @@ class Request:
     sampling: SamplingParams
     costs: Costs
     batch_size: int = 1
+    withdraws: bool = False
 
 
 @dataclass(frozen=True)
@@ -112,7 +128,8 @@ class RoundOutcome:
     ``max_new_tokens``). ``probs``, ``top1`` and ``entropies`` hold, per draft, exactly what
     ``should_continue`` saw in its :class:`DraftStep`. ``costs`` are those the round started with
     (in a batch, those of its batch size, and the times are the whole batch round's); ``row`` is
-    the row of the batch (0 alone).
+    the row of the batch (0 alone). ``withdrawn`` describes a draft the controller took back
+    (:meth:`Controller.keep`), ``None`` if it took none back; ``drafted`` does not count it.
     """
 
     position: int
@@ -126,6 +143,19 @@ class RoundOutcome:
     entropies: tuple[float, ...] = ()
     costs: Costs = field(default_factory=Costs, compare=False)
     row: int = 0
+    withdrawn: Withdrawn | None = None
+
+
+@dataclass(frozen=True)
+class Withdrawn:
+    """A draft taken back before it was sampled: ``top1`` and ``entropy`` of its q, and
+    ``acceptance``, the chance the verifier would have accepted a draft from that q, sum_x min(p(x),
+    q(x)) (0 or 1 when greedy), read from the target pass the round made anyway; ``None`` when
+    an earlier draft of the round was rejected, so that pass never reached its position."""
+
+    top1: float
+    entropy: float
+    acceptance: float | None = None
 
 
 @dataclass(frozen=True)
@@ -155,6 +185,14 @@ class Controller(Protocol):
     A controller lives as long as its decoder and may learn across generations; whatever it
     decides, the output distribution is unchanged (the engine caps drafts at ``max_draft_tokens``
     and the verifier is lossless).
+
+    A controller may also have ``keep(step: DraftStep) -> bool``. When the request says
+    ``withdraws``, the engine asks it after each draft step that returned logits and before
+    sampling: ``step.index`` counts that draft, ``step.top1`` and ``step.entropy`` describe its q,
+    ``token`` and ``prob`` are ``None``. False takes the draft back: the round ends with the drafts
+    before it, and only a drafting step was spent on it, never a verified position. The answer may
+    depend on q but not on a sampled token, so verification stays exact (a keep rule that read
+    the token would select drafts by their value).
     """
 
     def start(self, request: Request) -> None: ...
@@ -191,6 +229,8 @@ class Drafter(Protocol):
     holds every committed token and the drafts so far. ``finish(state, t_k, position + k)`` feeds
     the last token without drafting and returns the target's states after N layers for the k + 1
     inputs ``[1, k+1, H]`` (``None`` when N = 0): verification runs only layers [N, L) on them.
+    A drafter whose ``withdraws`` attribute is true also takes ``finish(state, None, position +
+    k)``: the controller took back what the latest step proposed, so every input was fed already.
     Before the round ends, ``rollback(state, length)`` cuts the drafter's state to the committed
     length. A drafter whose ``reads_top_states`` is true also gets ``top_states(state, hidden,
     position)``: the target's last-layer states ``[1, m, H]`` (before the final norm) of positions
@@ -208,7 +248,7 @@ class Drafter(Protocol):
 
     def step(self, state: Any, token: int, position: int, history: torch.Tensor) -> Draft: ...
 
-    def finish(self, state: Any, token: int, position: int) -> torch.Tensor | None: ...
+    def finish(self, state: Any, token: int | None, position: int) -> torch.Tensor | None: ...
 
     def top_states(self, state: Any, hidden: torch.Tensor, position: int) -> None: ...
 
@@ -255,11 +295,12 @@ class IndependentDrafter:
 
     shared_layers = 0
     reads_top_states = False
+    withdraws = True
 
     def begin(self, cache: KVCache, prompt: torch.Tensor, hidden: torch.Tensor | None) -> None:
         return None
 
-    def finish(self, state: None, token: int, position: int) -> None:
+    def finish(self, state: None, token: int | None, position: int) -> None:
         return None
 
     def top_states(self, state: None, hidden: torch.Tensor, position: int) -> None:

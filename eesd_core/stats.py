@@ -17,6 +17,7 @@ class GenerationStats:
     rounds: int = 0
     drafted: int = 0
     accepted: int = 0
+    withdrawn: int = 0  # drafts taken back before verification (Controller.keep)
     drafted_by_position: list[int] = field(default_factory=list)
     accepted_by_position: list[int] = field(default_factory=list)
     prefill_time: float = 0.0
@@ -29,6 +30,7 @@ class GenerationStats:
         self.rounds += 1
         self.drafted += round_.drafted
         self.accepted += round_.accepted
+        self.withdrawn += round_.withdrawn is not None
         self.draft_time += round_.draft_time
         self.verify_time += round_.verify_time
         while len(self.drafted_by_position) < round_.drafted:

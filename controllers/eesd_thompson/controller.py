@@ -14,9 +14,9 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from eesd_core.protocols import Costs, DraftStep, Request, RoundOutcome
+from eesd_core.protocols import Costs, DraftStep, Request, RoundOutcome, Withdrawn
 from eesd_thompson.options import ThompsonOptions
-from eesd_thompson.posterior import Beta, Buckets
+from eesd_thompson.posterior import Beta, Buckets, Frequencies
 from eesd_thompson.rule import best_rate, draft_on, round_times
 
 
@@ -31,6 +31,7 @@ class _Round:
     rate: float = 0.0
     limit: int = 0
     share: int = 1  # rows sharing the round (Costs.batch_size)
+    peek: float | None = None  # Costs.peek
 
 
 class ThompsonController:
@@ -41,6 +42,8 @@ class ThompsonController:
         self.rng = random.Random(o.seed)
         self.posterior = Beta(o.alpha0, o.beta0)
         self.buckets = Buckets(o.edges or (), o.alpha0, o.beta0)
+        self.first_seen = Frequencies(len(self.buckets.cells))  # buckets of first drafts' signals
+        self.withdraws = False
         self.kinds_seen: set[int] = set()
         self.rounds = 0
         self._rounds: dict[int, _Round] = {}  # by row: a batch asks its rows in turn
@@ -49,13 +52,16 @@ class ThompsonController:
     # -- the protocol ---------------------------------------------------------------------------
 
     def start(self, request: Request) -> None:
+        self.withdraws = request.withdraws and self.options.withdraw and self.options.stop_rule == "cost"
         if self.options.scope == "request":
             self.posterior.reset()
             self.buckets.reset()
+            self.first_seen.reset()
             self.rng.seed(self.options.seed)
         else:
             self.posterior.decay(self.options.decay, self.options.carry)
             self.buckets.decay(self.options.decay, self.options.carry)
+            self.first_seen.decay(self.options.decay, self.options.carry)
 
     def should_continue(self, step: DraftStep) -> bool:
         if step.index == 0:
@@ -74,16 +80,37 @@ class ThompsonController:
             return step.index < self._explore_k()
         return self._pays_on(step.index, survival)
 
+    def keep(self, step: DraftStep) -> bool:
+        """Whether to verify a draft whose q was seen (asked before it is sampled, only when the
+        engine can take it back): yes while the tokens it may add are worth the verification it
+        adds (its draft step is spent). The draft's chance is its confidence bucket's posterior
+        mean, not a draw: a withdrawn draft after accepted ones is judged for free, so there is
+        nothing to explore here."""
+        self._round = self._rounds.setdefault(step.row, self._round)
+        times = self._round.times
+        if not self.withdraws or times is None or step.costs.peek is None:
+            return True
+        extra = max(times[step.index] - times[step.index - 1] - step.costs.peek, 0.0)
+        return self._round.survival * self._expected(step) > self._round.rate * self._round.share * extra
+
     def update(self, outcome: RoundOutcome) -> None:
         self.rounds += 1
         self.kinds_seen.add(outcome.drafted)
-        k, n = outcome.drafted, outcome.accepted
-        if k == 0:
+        k, n, withdrawn = outcome.drafted, outcome.accepted, outcome.withdrawn
+        if k == 0 and withdrawn is None:
             return
+        late = None if withdrawn is None else self._signal(withdrawn)
+        first = self._signals(outcome)[0] if k else late
+        if first is not None:
+            self.first_seen.observe(self.buckets.index(first))
+        # a withdrawn draft after k accepted ones is judged for free by the pass the round made
+        seen = None if withdrawn is None or n < k else withdrawn.acceptance
         failures = (k - n) if self.options.failures == "all" else float(n < k)
-        self.posterior.observe(n, failures)
+        self.posterior.observe(n + (seen or 0.0), failures + (0.0 if seen is None else 1.0 - seen))
         if self.options.variant == "calibration":
             self.buckets.observe_round(self._signals(outcome), n)
+            if seen is not None and late is not None:
+                self.buckets.cells[self.buckets.index(late)].observe(seen, 1.0 - seen)
 
     # -- internals ------------------------------------------------------------------------------
 
@@ -94,6 +121,7 @@ class ThompsonController:
         self._round.survival = 1.0
         self._round.share = step.costs.batch_size
         self._round.times = None
+        self._round.peek = step.costs.peek
         if self.options.stop_rule == "cost":
             self._round.times = self._round_times(step.costs, self._round.limit)
         self._draw()
@@ -115,16 +143,35 @@ class ThompsonController:
         )
 
     def _pays_on(self, index: int, survival: float) -> bool:
-        """The cost rule, plus the rare one-draft probe while drafting looks hopeless."""
+        """The cost rule, then a look (a first draft kept only if its confidence says so), then
+        the rare one-draft probe while drafting looks hopeless."""
         assert self._round.times is not None
         if draft_on(
             index, survival, self._round.theta, self._round.times, self._round.rate, self._round.share
         ):
             return True
+        if index == 0 and self._look_pays():
+            return True
         if index == 0 and self._locked_out() and self.rng.random() < self.options.explore / (1 + self.rounds):
             self._round.limit = 1
             return True
         return False
+
+    def _look_pays(self) -> bool:
+        """Whether drafting one token only to see its confidence is worth its step: the tokens
+        that the confident buckets (drawn, weighted by how often first drafts fall in them) would
+        add beyond their verification, against the price of the step."""
+        times, peek = self._round.times, self._round.peek
+        if not self.withdraws or self.options.variant != "calibration" or times is None or peek is None:
+            return False
+        price = self._round.rate * self._round.share
+        extra = max(times[1] - times[0] - peek, 0.0)
+        value = 0.0
+        for cell, share in enumerate(self.first_seen.shares()):
+            if cell not in self._round.cells:
+                self._round.cells[cell] = self.buckets.cells[cell].sample(self.rng, self.posterior.mean)
+            value += share * max(self._round.cells[cell] - price * extra, 0.0)
+        return value > price * peek
 
     def _locked_out(self) -> bool:
         """Whether the measured costs say drafting could not pay even if every draft were accepted."""
@@ -159,8 +206,19 @@ class ThompsonController:
             self._round.cells[cell] = self.buckets.cells[cell].sample(self.rng, self.posterior.mean)
         return self._round.cells[cell]
 
-    def _signal(self, step: DraftStep) -> float | None:
-        return {"top1": step.top1, "prob": step.prob, "entropy": step.entropy}[self.options.signal]
+    def _expected(self, step: DraftStep) -> float:
+        """The posterior mean chance that the latest draft is accepted: its bucket's, centred on
+        the overall mean (Calibration-TS), or the overall mean."""
+        value = self._signal(step)
+        if self.options.variant != "calibration" or value is None:
+            return self.posterior.mean
+        return self.buckets.cells[self.buckets.index(value)].centered_mean(self.posterior.mean)
+
+    def _signal(self, step: DraftStep | Withdrawn) -> float | None:
+        """The latest draft's confidence (a withdrawn draft has no ``prob``: it was never drawn)."""
+        if self.options.signal == "prob":
+            return step.prob if isinstance(step, DraftStep) else None
+        return step.top1 if self.options.signal == "top1" else step.entropy
 
     def _signals(self, outcome: RoundOutcome) -> tuple[float, ...]:
         signals = {"top1": outcome.top1, "prob": outcome.probs, "entropy": outcome.entropies}

@@ -52,6 +52,14 @@ class ThompsonOptions(PluginOptions):
       every draft were accepted, the chance of a one-draft probe is ``explore / (1 + rounds so
       far)``: about ``explore * ln(rounds)`` probes in all, enough to re-measure costs that a noisy
       first measurement overstated.
+    - ``withdraw``: with the cost rule and Calibration-TS, where the engine allows it (one
+      sequence, a drafter that can take a draft back), see each draft's q before committing to
+      verify it (:meth:`~eesd_core.protocols.Controller.keep`): a draft whose confidence bucket
+      says it would not repay its verification is taken back, having cost only its draft step.
+      A round may then also *look*: draft one token although drafting does not pay on average,
+      because the confident buckets, weighted by how often first drafts land in them, repay the
+      step. A taken-back draft that followed only accepted ones is still judged by the round's
+      target pass, so the posteriors learn from looks at the price of a draft step.
     - ``max_draft_tokens``: an own cap on drafts per round, below the engine's.
     - ``seed``: the controller's own random stream; with ``scope="request"`` it restarts at every
       generation, so a generation's decisions depend only on the seed and on what it observes.
@@ -71,6 +79,7 @@ class ThompsonOptions(PluginOptions):
     edges: tuple[float, ...] | None = None
     probe_tokens: int | None = Field(1, ge=1)
     explore: float = Field(0.3, ge=0.0, le=1.0)
+    withdraw: bool = True
     max_draft_tokens: int | None = Field(None, ge=0)
     seed: int = 0
 

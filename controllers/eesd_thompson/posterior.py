@@ -48,6 +48,12 @@ class Beta:
     def mean(self) -> float:
         return self.alpha / (self.alpha + self.beta)
 
+    def centered_mean(self, center: float) -> float:
+        """The mean with the prior moved to ``center`` (as :meth:`sample` draws with it)."""
+        weight = self.alpha0 + self.beta0
+        alpha = self.alpha - self.alpha0 + weight * center
+        return alpha / (self.alpha + self.beta - self.alpha0 - self.beta0 + weight)
+
 
 class Buckets:
     """One Beta per confidence bucket: bucket b holds values in [edges[b-1], edges[b]).
@@ -75,3 +81,26 @@ class Buckets:
         """Accepted drafts are successes, the first rejected one a failure; later ones censored."""
         for i, value in enumerate(values[: accepted + 1]):
             self.cells[self.index(value)].observe(float(i < accepted), float(i >= accepted))
+
+
+class Frequencies:
+    """How often values fall in each bucket: decayed counts under a Dirichlet(1/2) prior."""
+
+    def __init__(self, size: int) -> None:
+        self.counts = [0.0] * size
+
+    def reset(self) -> None:
+        self.counts = [0.0] * len(self.counts)
+
+    def decay(self, factor: float, cap: float | None = None) -> None:
+        total = sum(self.counts)
+        if cap is not None and factor * total > cap:
+            factor = cap / total
+        self.counts = [factor * c for c in self.counts]
+
+    def observe(self, cell: int) -> None:
+        self.counts[cell] += 1.0
+
+    def shares(self) -> list[float]:
+        total = sum(self.counts) + 0.5 * len(self.counts)
+        return [(c + 0.5) / total for c in self.counts]

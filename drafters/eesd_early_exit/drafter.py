@@ -6,7 +6,9 @@ the logits of q; ``finish`` runs the last token t_k through layers [0, N) only. 
 waits (with those of rounds that drafted nothing) until the exit layers next run, in one batched
 pass. So every cache, counting what waits, holds all k + 1 inputs, and one crop to the committed
 length restores the invariant whatever is accepted; a round that drafts nothing costs the target's
-own step and nothing more.
+own step and nothing more. When the controller withdraws the latest draft (``finish`` with no
+token), its input already went through every layer, and the round simply has one draft fewer; the
+step spent only the exit head on a draft nobody verifies.
 
 A top-input head (``exit_input`` ``hidden+top`` in its file) also reads the target's last-layer
 state of the previous position; the engine hands those over (``reads_top_states``) and the state
@@ -60,6 +62,7 @@ class EarlyExitDrafter(BatchDrafting):
         self.options = options or EarlyExitOptions()
         self.shared_layers = 0
         self.reads_top_states = False
+        self.withdraws = True
         self.head: Any = None
         self.head_path: Path | None = None
 
@@ -122,9 +125,10 @@ class EarlyExitDrafter(BatchDrafting):
         state.stand_in = self.head.hidden(h, position, state.exit_cache, rotary, top)
         return Draft(logits=self.head.logits(state.stand_in)[0])  # [V]
 
-    def finish(self, state: ExitState, token: int, position: int) -> torch.Tensor:
-        h, _ = self._lower(state, token, position)
-        self._defer(state, h)
+    def finish(self, state: ExitState, token: int | None, position: int) -> torch.Tensor:
+        if token is not None:  # None: the latest step's draft was withdrawn, its input is in
+            h, _ = self._lower(state, token, position)
+            self._defer(state, h)
         hidden = (
             state.round_states[0] if len(state.round_states) == 1 else torch.cat(state.round_states, dim=1)
         )

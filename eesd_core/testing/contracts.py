@@ -92,6 +92,12 @@ class ControllerContract:
             for step in steps:
                 decision = controller.should_continue(step)
                 assert decision is True or decision is False or type(decision).__name__ == "bool_", decision
+                if callable(getattr(controller, "keep", None)) and step.index:
+                    seen = replace(step, token=None, prob=None)  # keep() is asked before sampling
+                    decision = controller.keep(seen)
+                    assert decision is True or decision is False or type(decision).__name__ == "bool_", (
+                        decision
+                    )
 
     @examples(20)
     @given(model=_SMALL_MODELS, sampling=es.sampling_params(greedy=False), drafter=_DRAFTERS, data=st.data())
@@ -175,10 +181,21 @@ class DrafterContract:
         setup = Setup(model, drafter=make_drafter, controller=lambda: replace(controller), max_draft_tokens=2)
         check_lossless(setup, data.draw(es.prompts(model.vocab_size, 2)), 3, sampling)
 
-    @pytest.mark.parametrize("schedule", [(True,), (True, True, False), (False, True)])
-    def test_lossless_over_more_rounds(self, make_drafter: Any, schedule: tuple[bool, ...]) -> None:
-        """Four tokens, up to three drafts a round, rounds of every length."""
-        controller = ErraticController(schedule)
+    @pytest.mark.parametrize(
+        ("schedule", "keeps"),
+        [
+            ((True,), (True,)),
+            ((True, True, False), (True,)),
+            ((False, True), (True,)),
+            ((True,), (False, True)),
+        ],
+    )
+    def test_lossless_over_more_rounds(
+        self, make_drafter: Any, schedule: tuple[bool, ...], keeps: tuple[bool, ...]
+    ) -> None:
+        """Four tokens, up to three drafts a round, rounds of every length; drafts taken back
+        (for a drafter that ``withdraws``)."""
+        controller = ErraticController(schedule, keeps=keeps)
         setup = Setup(
             bigram_model(1, num_layers=4),
             drafter=make_drafter,

@@ -88,11 +88,11 @@ def sampling_params(greedy: bool | None = None) -> st.SearchStrategy[SamplingPar
 
 
 def erratic_controllers() -> st.SearchStrategy[ErraticController]:
-    """Arbitrary continue/stop decisions, including always and never."""
+    """Arbitrary continue/stop and keep/withdraw decisions, including always and never."""
     schedules = st.one_of(
         st.just((True,)), st.just((False,)), st.lists(st.booleans(), min_size=1, max_size=6).map(tuple)
     )
-    return st.builds(ErraticController, schedule=schedules, salt=st.integers(0, 5))
+    return st.builds(ErraticController, schedule=schedules, salt=st.integers(0, 5), keeps=schedules)
 
 
 _MAYBE_TIME = st.one_of(st.none(), st.just(0.0), st.floats(0.0, 1e3, allow_nan=False))

@@ -32,7 +32,15 @@ from typing import Any
 from eesd_core.config import validate
 from eesd_core.costs import CostTracker
 from eesd_core.errors import InputError
-from eesd_core.protocols import Controller, Costs, DraftStep, Request, RoundOutcome, SamplingParams
+from eesd_core.protocols import (
+    Controller,
+    Costs,
+    DraftStep,
+    Request,
+    RoundOutcome,
+    SamplingParams,
+    Withdrawn,
+)
 
 # -- the record ------------------------------------------------------------------------------------
 
@@ -237,6 +245,7 @@ class ReplayResult:
     rounds: int = 0
     drafted: int = 0
     accepted: int = 0
+    withdrawn: int = 0
     time: float = 0.0
 
     @property
@@ -249,14 +258,19 @@ class ReplayResult:
         return self.tokens / self.rounds if self.rounds else 0.0
 
 
-def replay(trace: Trace, controller: Controller, learn_costs: bool = True) -> ReplayResult:
+def replay(
+    trace: Trace, controller: Controller, learn_costs: bool = True, withdraws: bool = True
+) -> ReplayResult:
     """Run ``controller`` over every prompt of ``trace`` as the engine would, in modelled time.
 
     With ``learn_costs`` the controller sees costs the way a fresh decoder measures them (nothing
     until observed, then the modelled times of the rounds it ran); otherwise the full cost model.
+    With ``withdraws`` a controller that has ``keep`` is asked it, as the engine asks it of one
+    sequence; a withdrawn draft costs the peek, ``draft_step - propose_base``.
     """
     tracker = CostTracker(trace.max_k, smoothing=1.0)
     fixed = trace.costs.as_costs()
+    peek = max(trace.costs.draft_step - trace.costs.propose_base, 0.0)
     result = ReplayResult()
     for prompt in trace.prompts:
         costs = tracker.snapshot() if learn_costs else fixed
@@ -267,33 +281,44 @@ def replay(trace: Trace, controller: Controller, learn_costs: bool = True) -> Re
             max_draft_tokens=trace.max_k,
             sampling=SamplingParams(),
             costs=costs,
+            withdraws=withdraws and callable(getattr(controller, "keep", None)),
         )
         controller.start(request)
         t = 0
         while t < n_tokens:
             costs = tracker.snapshot() if learn_costs else fixed
-            k, n = _round(controller, prompt, t, costs, trace.costs)
-            propose = trace.costs.propose_base + k * trace.costs.draft_step
-            tracker.observe(k, propose, trace.costs.verify[k])
+            k, n, taken_back = _round(controller, prompt, t, costs, trace.costs, request.withdraws)
+            extra = peek if taken_back else 0.0
+            propose = trace.costs.propose_base + k * trace.costs.draft_step + extra
+            tracker.observe(k, propose, trace.costs.verify[k], withdrawn=taken_back)
             committed = min(n + 1, n_tokens - t)
             result.tokens += committed
             result.rounds += 1
             result.drafted += k
             result.accepted += n
-            result.time += trace.costs.round_time(k)
+            result.withdrawn += taken_back
+            result.time += trace.costs.round_time(k) + extra
             t += committed
     return result
 
 
 def _round(
-    controller: Controller, prompt: PromptTrace, t: int, costs: Costs, model: CostModel
-) -> tuple[int, int]:
-    """One round at recorded position t: (k drafted, n accepted), after the controller's update."""
+    controller: Controller, prompt: PromptTrace, t: int, costs: Costs, model: CostModel, withdraws: bool
+) -> tuple[int, int, bool]:
+    """One round at recorded position t: (k drafted, n accepted, whether a draft was taken back),
+    after the controller's update."""
     pos = prompt.positions[t]
     limit = pos.drafts
+    keep = getattr(controller, "keep", None) if withdraws else None
     k = 0
+    withdrawn = None
     step = DraftStep(index=0, max_draft_tokens=limit, costs=costs)
     while k < limit and controller.should_continue(step):
+        top1, entropy = _at(pos.top1, k + 1), _at(pos.entropy, k + 1)
+        if keep is not None and not keep(DraftStep(k + 1, limit, costs, top1=top1, entropy=entropy)):
+            judged = float(pos.accepted > k) if pos.accepted >= k else None
+            withdrawn = Withdrawn(1.0 if top1 is None else top1, 0.0 if entropy is None else entropy, judged)
+            break
         k += 1
         step = DraftStep(
             index=k,
@@ -315,9 +340,10 @@ def _round(
         top1=pos.top1[:k],
         entropies=pos.entropy[:k],
         costs=costs,
+        withdrawn=withdrawn,
     )
     controller.update(outcome)
-    return k, n
+    return k, n, withdrawn is not None
 
 
 def _at(values: tuple[float, ...], k: int) -> float | None:
@@ -415,7 +441,14 @@ def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
     lines = ["{:<24} {:>11} {:>7} {:>9} {:>8} {:>10}".format(*header)]
     for r in rows:
         mat, acc = r["mean_accepted_tokens"], r["acceptance"]
-        lines.append("{:<24} {:>11} {:>7} {:>9.3f} {:>8.3f} {:>10.3f}".format(
-            r["controller"], "-" if mat is None else f"{mat:.2f}", "-" if acc is None else f"{acc:.2f}",
-            1000 * r["time_per_token"], r["speedup"], r["vs_oracle"]))
+        lines.append(
+            "{:<24} {:>11} {:>7} {:>9.3f} {:>8.3f} {:>10.3f}".format(
+                r["controller"],
+                "-" if mat is None else f"{mat:.2f}",
+                "-" if acc is None else f"{acc:.2f}",
+                1000 * r["time_per_token"],
+                r["speedup"],
+                r["vs_oracle"],
+            )
+        )
     return "\n".join(lines)

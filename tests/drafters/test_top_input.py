@@ -156,6 +156,19 @@ class Pattern:
         self.positions.append(outcome.position)
 
 
+class Withholding(Pattern):
+    """The same pattern, taking back every third draft it is asked to keep (the engine then
+    verifies the drafts before it), so the caches must stay right after withdrawals too."""
+
+    def __init__(self, ks: list[int]) -> None:
+        super().__init__(ks)
+        self.asked = 0
+
+    def keep(self, step) -> bool:
+        self.asked += 1
+        return self.asked % 3 != 0
+
+
 class Recorder:
     """The lossless verifier, recording the drafts and q it was handed."""
 
@@ -167,14 +180,18 @@ class Recorder:
         return self.inner.verify(draft_tokens, q, p, rng)
 
 
-@pytest.mark.parametrize("ks", [[3], [0, 3, 0, 0, 1, 4, 2]], ids=["k3", "mixed"])
-def test_every_draft_distribution_matches_a_fresh_computation(model64, head64, ks) -> None:
+@pytest.mark.parametrize(
+    ("ks", "controller"),
+    [([3], Pattern), ([0, 3, 0, 0, 1, 4, 2], Pattern), ([0, 3, 0, 0, 1, 4, 2], Withholding)],
+    ids=["k3", "mixed", "withdrawing"],
+)
+def test_every_draft_distribution_matches_a_fresh_computation(model64, head64, ks, controller) -> None:
     dec = SpeculativeDecoder(model64, drafter_options={"head": str(head64)}, max_draft_tokens=4)
     assert dec.drafter.reads_top_states
     sampling = SamplingParams(1.0)
-    checked = 0
+    checked = withdrawn = 0
     for seed, prompt in enumerate([[3, 1, 4, 1, 5], [9, 2], [7]]):
-        dec.controller, dec.verifier = Pattern(ks), Recorder(dec.verifier)
+        dec.controller, dec.verifier = controller(ks), Recorder(dec.verifier)
         out = dec.generate(prompt, max_new_tokens=24, temperature=1.0, seed=seed, eos_token_id=[])
         sequence = out.sequences[0].tolist()
         for position, (drafts, q) in zip(dec.controller.positions, dec.verifier.seen, strict=True):
@@ -185,7 +202,9 @@ def test_every_draft_distribution_matches_a_fresh_computation(model64, head64, k
             torch.testing.assert_close(q, expected, atol=1e-10, rtol=1e-9)
             checked += len(drafts)
         dec.verifier = dec.verifier.inner
+        withdrawn += out.stats.withdrawn
     assert checked >= 30
+    assert (withdrawn >= 5) == (controller is Withholding)
 
 
 def _assert_greedy_equal(model, dec, prompts: list[list[int]], max_new_tokens: int) -> None:
@@ -211,6 +230,15 @@ def test_greedy_equals_transformers_with_a_top_input_head(model64, head64, k) ->
         max_draft_tokens=k,
     )
     _assert_greedy_equal(model64, dec, [[3, 1, 4, 1, 5], [9, 2], [7], list(range(10, 40))], 40)
+
+
+@pytest.mark.parametrize("head", ["top", "untrained"])
+def test_greedy_equals_transformers_when_drafts_are_taken_back(model64, head64, head) -> None:
+    dec = SpeculativeDecoder(
+        model64, drafter_options={"head": str(head64) if head == "top" else None}, max_draft_tokens=4
+    )
+    dec.controller = Withholding([0, 3, 1, 4, 2])
+    _assert_greedy_equal(model64, dec, [[3, 1, 4, 1, 5], [9, 2], list(range(10, 40))], 40)
 
 
 def test_exact_distribution_with_a_top_input_head(tmp_path: Path) -> None:

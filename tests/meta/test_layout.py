@@ -20,8 +20,9 @@ CATEGORIES = ("drafters", "controllers", "verifiers", "plugins")
 # The runtime only (the test kit aside): 2,149 lines for one sequence, plus about 660 for batched
 # decoding (eesd_core/batch.py and the batch input handling of the engine), plus about 40 to name
 # devices and dtypes (eesd_core/devices.py), plus about 55 for oneDNN's product of short passes
-# (eesd_core/models/products.py).
-CORE_LINE_BUDGET = 2990
+# (eesd_core/models/products.py), plus about 100 for drafts taken back before verification
+# (Controller.keep, Withdrawn, the measured peek).
+CORE_LINE_BUDGET = 3090
 
 
 def plugin_packages() -> dict[str, Path]:

@@ -1,0 +1,191 @@
+"""Taking drafts back: the engine asks ``keep`` before sampling, the Thompson controller withdraws
+doubtful drafts, looks when only confident drafts pay, and learns from what it took back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+from eesd_thompson import ThompsonController, ThompsonOptions
+from outcomes import outcome
+
+from eesd_core.costs import CostTracker
+from eesd_core.protocols import Costs, DraftStep, Request, RoundOutcome, SamplingParams, Withdrawn
+from eesd_core.testing.controllers import ErraticController
+from eesd_core.testing.kit import TOY, Setup, installed
+from eesd_core.testing.toy import ToyModel
+
+# a plain step 0.1 s; a draft step 0.03 s, of which 0.02 s is the last input's layers [0, N), which
+# a plain step pays too: a peek costs 0.01 s; a second verified position 0.03 s
+COSTS = Costs(draft_step=0.03, propose_base=0.02, verify=lambda m: 0.08 + 0.03 * (m > 1))
+
+
+def started(withdraws=True, **options):
+    ctrl = ThompsonController(ThompsonOptions(**options))
+    ctrl.start(Request(4, 64, 8, SamplingParams(), COSTS, withdraws=withdraws))
+    ctrl.kinds_seen.update({0, 1})  # costs measured
+    return ctrl
+
+
+def teach(ctrl, rounds, confident_share, confident_accepts=1.0, doubtful_accepts=0.0):
+    """Rounds of one draft: a share of them confident (top-1 0.95), the rest doubtful (0.1)."""
+    for i in range(rounds):
+        confident = (i % 100) < 100 * confident_share
+        conf = 0.95 if confident else 0.1
+        rate = confident_accepts if confident else doubtful_accepts
+        n = int((i * 0.618) % 1 < rate)
+        ctrl.update(outcome(1, n, (conf,), (conf,), (1 - conf,), 0.03, 0.11, COSTS))
+
+
+def ask_round(ctrl, conf):
+    """One round's decisions as the engine asks them: (drafted a first token?, kept it?)."""
+    if not ctrl.should_continue(DraftStep(0, 8, COSTS)):
+        return False, False
+    return True, ctrl.keep(DraftStep(1, 8, COSTS, None, None, conf, 1 - conf))
+
+
+def test_a_doubtful_draft_is_taken_back_and_a_confident_one_kept():
+    ctrl = started()
+    teach(ctrl, 60, confident_share=0.5)
+    kept = {conf: 0 for conf in (0.1, 0.95)}
+    for _ in range(200):
+        for conf in kept:
+            drafted, keep = ask_round(ctrl, conf)
+            kept[conf] += keep
+    assert kept[0.1] <= 5
+    assert kept[0.95] >= 150
+
+
+def test_it_looks_when_only_confident_drafts_pay():
+    """Drafts are accepted 30% of the time, below what one draft needs to pay (0.41 here); but
+    the 30% that are confident are always right, and seeing one costs a tenth of a plain step."""
+    looks = {}
+    for withdraw in (True, False):
+        ctrl = started(withdraw=withdraw)
+        teach(ctrl, 100, confident_share=0.3)
+        looks[withdraw] = sum(ask_round(ctrl, 0.1)[0] for _ in range(200))
+    assert looks[True] >= 150
+    assert looks[False] <= 30
+
+
+def test_no_look_when_the_peek_costs_as_much_as_it_could_gain():
+    dear = Costs(draft_step=0.1, propose_base=0.0, verify=lambda m: 0.1 + 0.03 * (m > 1))
+    ctrl = ThompsonController(ThompsonOptions())
+    ctrl.start(Request(4, 64, 8, SamplingParams(), dear, withdraws=True))
+    ctrl.kinds_seen.update({0, 1})
+    teach(ctrl, 100, confident_share=0.3)
+    drafted = sum(ctrl.should_continue(DraftStep(0, 8, dear)) for _ in range(200))
+    assert drafted <= 30
+
+
+def test_without_the_engine_s_leave_it_keeps_everything():
+    ctrl = started(withdraws=False)
+    teach(ctrl, 60, confident_share=0.5)
+    assert all(ctrl.keep(DraftStep(1, 8, COSTS, None, None, 0.1, 0.9)) for _ in range(50))
+
+
+def test_a_withdrawn_draft_teaches_its_bucket_and_the_posterior():
+    ctrl = started()
+    cell = ctrl.buckets.cells[ctrl.buckets.index(0.95)]
+    before = (cell.alpha, cell.beta, ctrl.posterior.alpha, ctrl.posterior.beta)
+    judged = Withdrawn(0.95, 0.05, acceptance=0.75)
+    ctrl.update(RoundOutcome(0, 0, 0, (1,), 0.03, 0.08, costs=COSTS, withdrawn=judged))
+    assert (cell.alpha, cell.beta) == pytest.approx((before[0] + 0.75, before[1] + 0.25))
+    assert (ctrl.posterior.alpha, ctrl.posterior.beta) == pytest.approx((before[2] + 0.75, before[3] + 0.25))
+    # after a rejection the pass never reached the withdrawn draft's position: nothing learnt of it
+    unjudged = Withdrawn(0.95, 0.05, acceptance=None)
+    ctrl.update(
+        RoundOutcome(0, 1, 0, (1,), 0.06, 0.11, (0.5,), (0.5,), (0.7,), costs=COSTS, withdrawn=unjudged)
+    )
+    assert (cell.alpha, cell.beta) == pytest.approx((before[0] + 0.75, before[1] + 0.25))
+
+
+def test_the_cost_tracker_measures_the_peek():
+    tracker = CostTracker(4)
+    tracker.observe(0, 0.02, 0.08)
+    tracker.observe(1, 0.05, 0.11)
+    assert tracker.snapshot().peek == pytest.approx(0.01)  # modelled: draft step 0.03 - base 0.02
+    tracker.observe(0, 0.035, 0.08, withdrawn=True)  # a look: the base and a peek of 0.015
+    assert tracker.snapshot().peek == pytest.approx(0.015)
+    assert tracker.snapshot().propose_base == pytest.approx(0.02)
+
+
+# -- the engine -------------------------------------------------------------------------------------
+
+
+def _toy(seed=0, vocab=4):
+    torch.manual_seed(seed)
+    target = torch.rand(vocab + 1, vocab) + 0.05
+    return ToyModel(target, target + 0.3 * torch.rand(vocab + 1, vocab), window=1)  # a close draft
+
+
+@dataclass
+class Recorder(ErraticController):
+    second: bool = True  # False: take every second draft back
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.requests: list[Request] = []
+        self.asked: list[DraftStep] = []
+
+    def start(self, request: Request) -> None:
+        super().start(request)
+        self.requests.append(request)
+
+    def keep(self, step: DraftStep) -> bool:
+        self.asked.append(step)
+        return super().keep(step) and (self.second or step.index < 2)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_what_a_withdrawn_draft_would_have_scored_is_exact(temperature):
+    """Every round drafts two tokens and takes the second back; its acceptance chance must be
+    sum_x min(p(x), q(x)) of the toy tables at its position, when the first was accepted."""
+    model = _toy()
+    ctrl = Recorder(schedule=(True,), keeps=(True,), second=False)
+    setup = Setup(model, drafter=TOY, controller=lambda: ctrl, max_draft_tokens=3)
+    sampling = SamplingParams(temperature)
+    with installed(setup.subjects()):
+        dec = setup.build()
+        prompt = [1, 2]
+        result = dec.generate(torch.tensor([prompt]), max_new_tokens=12, temperature=temperature, seed=3)
+    tokens = result.sequences[0].tolist()
+    judged = 0
+    end = len(prompt) + 12 - 3
+    capped = [o for o in ctrl.updates if o.withdrawn is None]  # rounds the engine allowed one draft
+    assert all(o.position >= end for o in capped)
+    for o in ctrl.updates:
+        if o.withdrawn is None:
+            continue
+        assert o.drafted == 1
+        history = tokens[: o.position + 1] + [tokens[o.position + 1]]  # pending token, then d_1
+        if o.accepted < o.drafted:
+            assert o.withdrawn.acceptance is None
+            continue
+        logits = model.logits(history, draft=True)
+        p = model.next_probs(history, sampling)
+        if temperature:
+            q = torch.softmax(logits / temperature, -1)
+            expected = float(torch.minimum(p, q.to(p.dtype)).sum())
+        else:
+            q = torch.softmax(logits.float(), -1)  # the confidence greedy drafts report
+            expected = float(p[q.argmax()])
+        assert o.withdrawn.acceptance == pytest.approx(expected)
+        assert o.withdrawn.top1 == pytest.approx(float(q.max()))
+        judged += 1
+    assert judged >= 2
+    assert result.stats.withdrawn == len(ctrl.updates) - len(capped)
+    assert all(step.token is None and step.prob is None for step in ctrl.asked)
+    assert ctrl.requests[0].withdraws
+
+
+def test_a_batch_never_asks_keep():
+    model = _toy(1)
+    ctrl = Recorder(schedule=(True,), keeps=(False,))
+    setup = Setup(model, drafter=TOY, controller=lambda: ctrl, max_draft_tokens=2)
+    with installed(setup.subjects()):
+        dec = setup.build()
+        dec.generate(torch.tensor([[1, 2], [3, 1]]), max_new_tokens=6, temperature=0.0)
+    assert not ctrl.asked and not ctrl.requests[0].withdraws
+    assert all(o.withdrawn is None for o in ctrl.updates)
