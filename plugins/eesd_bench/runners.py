@@ -217,6 +217,7 @@ class EesdRunner:
         "rounds",
         "drafted",
         "accepted",
+        "withdrawn",
         "drafted_by_position",
         "accepted_by_position",
         "draft_time",
