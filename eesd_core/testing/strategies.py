@@ -87,12 +87,14 @@ def sampling_params(greedy: bool | None = None) -> st.SearchStrategy[SamplingPar
     return st.just(SamplingParams(0.0)) if greedy else sampled
 
 
-def erratic_controllers() -> st.SearchStrategy[ErraticController]:
-    """Arbitrary continue/stop and keep/withdraw decisions, including always and never."""
+def erratic_controllers(withdrawing: bool = True) -> st.SearchStrategy[ErraticController]:
+    """Arbitrary continue/stop and keep/withdraw decisions, including always and never;
+    ``withdrawing=False`` keeps every draft (for a verifier's tests: drafts must reach it)."""
     schedules = st.one_of(
         st.just((True,)), st.just((False,)), st.lists(st.booleans(), min_size=1, max_size=6).map(tuple)
     )
-    return st.builds(ErraticController, schedule=schedules, salt=st.integers(0, 5), keeps=schedules)
+    keeps = schedules if withdrawing else st.just((True,))
+    return st.builds(ErraticController, schedule=schedules, salt=st.integers(0, 5), keeps=keeps)
 
 
 _MAYBE_TIME = st.one_of(st.none(), st.just(0.0), st.floats(0.0, 1e3, allow_nan=False))
