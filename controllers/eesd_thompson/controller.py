@@ -6,7 +6,9 @@ tokens against the measured cost of drafting and verifying (:mod:`eesd_thompson.
 drafter that is rarely right ends up decoding plainly and is only probed when a posterior draw
 says drafting might pay; when the measured costs say drafting could never pay, it still probes ever
 more rarely, in case a noisy first measurement overstated them. Calibration-TS replaces theta for
-the drafts already made by the posterior of their confidence bucket.
+the drafts already made by the posterior of their confidence bucket. Where the engine allows it,
+``keep`` takes back a draft whose bucket says it would not repay its verification, and a round may
+draft one token only to look at its confidence (``ThompsonOptions.withdraw``).
 """
 
 from __future__ import annotations
