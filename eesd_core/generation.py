@@ -248,9 +248,8 @@ class Generation:
         fixed: list[int] = []
         token = int(self.tokens[position])
         step = DraftStep(index=0, max_draft_tokens=max_k, costs=costs)
-        distribution = None
         while ask(step):
-            i = len(drafts.tokens)
+            i, distribution, seen = len(drafts.tokens), None, None
             if not fixed:
                 history = self.tokens[: position + 1 + i]
                 draft = guard.call_drafter("step", drafter.step, state, token, position + i, history)
@@ -262,12 +261,14 @@ class Generation:
                 elif self.keep is not None:
                     # before sampling, so that keeping depends on q alone and verification stays exact
                     distribution = q, probs = draft_distribution(draft, self.sampling)
-                    _, _, top, entropy = confidence(probs, 0)
-                    if not self.keep(DraftStep(i + 1, max_k, costs, None, None, top, entropy)):
-                        drafts.withdrawn = (draft, q, top, entropy)
+                    seen = confidence(probs, draft.logits.argmax())  # greedy's draft, read at once
+                    if not self.keep(DraftStep(i + 1, max_k, costs, None, None, seen[2], seen[3])):
+                        drafts.withdrawn = (draft, q, seen[2], seen[3])
                         break
             if fixed:
                 token, row, prob, top, entropy = fixed.pop(0), None, 1.0, 1.0, 0.0
+            elif seen is not None and self.sampling.greedy:
+                (token, prob, top, entropy), row = seen, None
             else:
                 token, row, prob, top, entropy = sample_draft(draft, self.sampling, self.rng, distribution)
             drafts.add(token, row, prob, top, entropy)
