@@ -58,8 +58,12 @@ def start(
     max_num_seqs: int = 64,
     dtype: str = "float32",
     seed: int = 0,
+    memory_fraction: float | None = None,
 ) -> Any:
-    """An in-process vLLM engine (no engine-core subprocess) serving ``model`` by token ids."""
+    """An in-process vLLM engine (no engine-core subprocess) serving ``model`` by token ids.
+    ``memory_fraction``: vLLM's ``gpu_memory_utilization``, which its CPU build reads as the share
+    of the machine's memory that must be free at start (its default, 0.92, fails when other
+    processes hold a little)."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from vllm import LLM
 
@@ -68,6 +72,8 @@ def start(
         extra["async_scheduling"] = False
     if kv_blocks is not None:  # a small budget, in small blocks, so that requests outgrow it
         extra.update(num_gpu_blocks_override=kv_blocks, block_size=32)
+    if memory_fraction is not None:
+        extra["gpu_memory_utilization"] = memory_fraction
     return LLM(
         model=model,
         skip_tokenizer_init=True,
@@ -144,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument("--kv-blocks", type=int, default=None, help="a small KV budget forces preemption")
     parser.add_argument("--dtype", default="float32")
+    parser.add_argument(
+        "--memory-fraction", type=float, default=None, help="share of memory that must be free at start"
+    )
     parser.add_argument("--out", required=True, help="where the JSON result goes (vLLM logs to stdout)")
     args = parser.parse_args(argv)
     with open(args.prompts) as f:
@@ -157,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         max_model_len=args.max_model_len,
         kv_blocks=args.kv_blocks,
         dtype=args.dtype,
+        memory_fraction=args.memory_fraction,
     )
     preempted = count_preemptions(llm)
     result = run(llm, prompts, args.max_tokens, args.temperature)

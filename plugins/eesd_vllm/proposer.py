@@ -21,13 +21,17 @@ time, and the time vLLM takes between two calls, which is its verification pass.
 nothing this step costs nothing: the tokens its cache lacks wait, and run in one pass when it next
 drafts. The rows that draft do so together, one pass of layers [0, N) and the head per draft step
 for all of them (the drafter's batch path over their caches, joined for the round), and a row the
-controller stops takes no more drafts. Drafts are the exit head's argmax.
+controller stops takes no more drafts. Drafts are the exit head's argmax. A controller with
+``keep`` (the Thompson controller's default) is shown each draft's confidence before the draft is
+proposed and may take it back; whether vLLM would have accepted it is read from the next step's
+tokens when every draft before it was accepted: the token vLLM sampled at its position.
 
 **Lossless.** vLLM's rejection sampler treats drafts given as token ids alone as drawn from a
 one-hot q on each draft: at temperature 0 a draft is kept iff it is the target's argmax, and at
 temperature > 0 draft d is kept with probability p(d) and a rejection samples from
 norm(max(0, p - onehot(d))). A drafter whose draft is a deterministic function of the context, as
 this argmax is, has exactly that q, so the output distribution is the target's: plain sampling.
+Taking a draft back changes only how many drafts vLLM sees, which any controller may choose.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ from eesd_core.costs import CostTracker
 from eesd_core.devices import HOST
 from eesd_core.errors import ConfigError
 from eesd_core.generation import sample_draft
-from eesd_core.protocols import DraftStep, Request, RoundOutcome, SamplingParams
+from eesd_core.protocols import DraftStep, Request, RoundOutcome, SamplingParams, Withdrawn
 from eesd_vllm.fixes import repair_cpu_expand
 from eesd_vllm.options import ProposerOptions, read_options
 
@@ -76,6 +80,7 @@ class RequestCache:
     drafts: list[int] = field(default_factory=list)  # proposed last step, after ``committed``
     committed: int = 0  # the request's length when those drafts were proposed
     signals: tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]] = ((), (), ())
+    withdrawn: tuple[int, float, float] | None = None  # taken back after ``drafts``: token, top-1, entropy
 
 
 class EarlyExitProposer:
@@ -96,10 +101,18 @@ class EarlyExitProposer:
         self.dtype = model_config.dtype if dtype == "auto" else getattr(torch, dtype)
         self.caches: list[RequestCache] = []
         self.trackers: dict[int, CostTracker] = {}
-        self._previous: tuple[int, int, float, float] | None = None  # rows, max k, propose s, end
+        # rows, most drafts, propose seconds, end, whether a row with the most drafts took one back
+        self._previous: tuple[int, int, float, float, bool] | None = None
         self.repaired = repair_cpu_expand()
         self.stats: dict[str, float] = dict(
-            steps=0, rows=0, drafted=0, accepted=0, rounds_with_drafts=0, joined_rounds=0, seconds=0.0
+            steps=0,
+            rows=0,
+            drafted=0,
+            accepted=0,
+            withdrawn=0,
+            rounds_with_drafts=0,
+            joined_rounds=0,
+            seconds=0.0,
         )
         self._load()
 
@@ -121,6 +134,7 @@ class EarlyExitProposer:
         else:
             options = validate(entry.options, self.options.controller_options, "controller options")
             self.controller = entry.factory(options)
+        self.keep = getattr(self.controller, "keep", None)
         head = self.options.head
         if head not in (None, "auto") and not Path(head).is_file():
             raise ConfigError(f"eesd proposer: no exit-head file at {str(head)!r}.")
@@ -242,7 +256,8 @@ class EarlyExitProposer:
         self._forget(claimed)
         finished = time.perf_counter()
         longest = max(map(len, out), default=0)
-        self._previous = (rows, longest, finished - started, finished)
+        peeked = any(entry.withdrawn is not None and len(entry.drafts) == longest for _, entry, _, _ in group)
+        self._previous = (rows, longest, finished - started, finished, peeked)
         self.stats["steps"] += 1
         self.stats["rows"] += rows
         self.stats["seconds"] += finished - started
@@ -259,12 +274,12 @@ class EarlyExitProposer:
         """The previous step's costs: this proposer's time, and vLLM's pass in between."""
         if self._previous is None:
             return
-        rows, longest, propose_time, ended = self._previous
+        rows, longest, propose_time, ended, peeked = self._previous
         tracker, between = self._tracker(rows), now - ended
         known = tracker.verify[longest + 1]
         if known is not None and between > 4 * known:
             return  # the engine sat idle between two requests' steps: not a verification pass
-        tracker.observe(longest, propose_time, between)
+        tracker.observe(longest, propose_time, between, withdrawn=peeked)
 
     def _claim(self, tokens: np.ndarray, claimed: set[int]) -> RequestCache:
         """The free cache sharing the longest prefix with ``tokens``, cut to it; or a new one."""
@@ -281,7 +296,9 @@ class EarlyExitProposer:
             self.caches.append(RequestCache(state, tokens[:0].copy()))
             best = len(self.caches) - 1
             room = self.max_model_len - len(tokens)
-            self.controller.start(Request(len(tokens), room, self.max_k, GREEDY, self._tracker(1).snapshot()))
+            costs = self._tracker(1).snapshot()
+            request = Request(len(tokens), room, self.max_k, GREEDY, costs, withdraws=self.keep is not None)
+            self.controller.start(request)
         claimed.add(best)
         entry = self.caches[best]
         self._cut(entry, min(best_len, len(tokens) - 1))
@@ -298,13 +315,24 @@ class EarlyExitProposer:
         self.caches = [entry for index, entry in enumerate(self.caches) if index in claimed]
 
     def _learn(self, entry: RequestCache, tokens: np.ndarray, row: int, costs: Any) -> None:
-        """Tell the controller how many of the drafts proposed last step were kept."""
-        if not entry.drafts:
+        """Tell the controller how many of the drafts proposed last step were kept, and whether the
+        draft it took back after them would have been: the token vLLM sampled at its position once
+        every draft before it was accepted, as plain decoding there does (greedy: the argmax; else a
+        draw from p, so 1 with probability p(draft), the chance the draft had)."""
+        if not entry.drafts and entry.withdrawn is None:
             return
         start = entry.committed
         kept = common_prefix(np.asarray(entry.drafts), tokens[start : start + len(entry.drafts)])
         k = len(entry.drafts)
         probs, top1, entropies = entry.signals
+        withdrawn = None
+        if entry.withdrawn is not None:
+            token, top, entropy = entry.withdrawn
+            seen = None
+            if kept == k and len(tokens) > start + k:
+                seen = float(int(tokens[start + k]) == token)
+            withdrawn = Withdrawn(top, entropy, seen)
+            self.stats["withdrawn"] += 1
         outcome = RoundOutcome(
             position=start - 1,
             drafted=k,
@@ -317,11 +345,12 @@ class EarlyExitProposer:
             entropies=entropies,
             costs=costs,
             row=row,
+            withdrawn=withdrawn,
         )
         self.controller.update(outcome)
         self.stats["drafted"] += k
         self.stats["accepted"] += kept
-        entry.drafts = []
+        entry.drafts, entry.withdrawn = [], None
 
     def _catch_up(self, entry: RequestCache, tokens: np.ndarray) -> None:
         """Committed tokens the caches lack (all but the pending last): one pass through layers
@@ -341,16 +370,21 @@ class EarlyExitProposer:
         signals: list[Signal] = []
         token, position = int(tokens[-1]), length - 1
         history = torch.as_tensor(tokens, dtype=torch.long)
+        withdrawn = None
         while True:
             draft = self.drafter.step(state, token, position + len(drafts), history)
             token, _, prob, top, entropy = sample_draft(draft, GREEDY, None)  # type: ignore[arg-type]
+            if not self._keeps(row, room, costs, len(drafts), top, entropy):
+                withdrawn = (token, top, entropy)
+                break
             drafts.append(token)
             signals.append((prob, top, entropy))
             if not self._draft_on(row, room, costs, drafts, signals):
                 break
         # the last draft goes through layers [0, N) too, so that a fully accepted round needs nothing
-        self.drafter.finish(state, token, position + len(drafts))
-        self._record(entry, tokens, drafts, signals)
+        # (a draft taken back was never fed: its input, the draft before it, is in)
+        self.drafter.finish(state, None if withdrawn else token, position + len(drafts))
+        self._record(entry, tokens, drafts, signals, withdrawn)
         return drafts
 
     def _draft_together(
@@ -367,6 +401,7 @@ class EarlyExitProposer:
         signals: list[list[Signal]] = [[] for _ in range(rows)]
         feed = torch.tensor([int(tokens[-1]) for _, _, tokens, _ in group], dtype=torch.long, device=HOST)
         feeding, drafting = [True] * rows, [True] * rows  # every request said yes to a first draft
+        withdrawn: list[tuple[int, float, float] | None] = [None] * rows
         steps = 0
         while True:
             layout.valid[:, width + steps] = torch.tensor(feeding, device=layout.valid.device)
@@ -390,7 +425,10 @@ class EarlyExitProposer:
                 ]
             ).T.tolist()
             for j, (token, prob, top, entropy) in enumerate(read):
-                if drafting[j]:
+                row, _, _, room = group[j]
+                if drafting[j] and not self._keeps(row, room, costs, len(drafts[j]), top, entropy):
+                    withdrawn[j], drafting[j], feed[j] = (int(token), top, entropy), False, 0  # input is in
+                elif drafting[j]:
                     drafts[j].append(int(token))
                     signals[j].append((prob, top, entropy))
                     feed[j] = int(token)
@@ -400,8 +438,8 @@ class EarlyExitProposer:
             steps += 1
         hidden = drafter.finish_batch(joined, feed, width + steps)
         drafter.part(joined, [entry.state for _, entry, _, _ in group], [len(d) + 1 for d in drafts], hidden)
-        for (_, entry, tokens, _), made, signal in zip(group, drafts, signals, strict=True):
-            self._record(entry, tokens, made, signal)
+        for (_, entry, tokens, _), made, signal, back in zip(group, drafts, signals, withdrawn, strict=True):
+            self._record(entry, tokens, made, signal, back)
         self.stats["joined_rounds"] += 1
         return drafts
 
@@ -413,10 +451,21 @@ class EarlyExitProposer:
         step = DraftStep(len(drafts), room, costs, drafts[-1], prob, top, entropy, row)
         return self.controller.should_continue(step)
 
+    def _keeps(self, row: int, room: int, costs: Any, made: int, top: float, entropy: float) -> bool:
+        """Whether the controller keeps the draft after ``made`` ones, from its q alone."""
+        if self.keep is None:
+            return True
+        return bool(self.keep(DraftStep(made + 1, room, costs, None, None, top, entropy, row)))
+
     def _record(
-        self, entry: RequestCache, tokens: np.ndarray, drafts: list[int], signals: list[Signal]
+        self,
+        entry: RequestCache,
+        tokens: np.ndarray,
+        drafts: list[int],
+        signals: list[Signal],
+        withdrawn: tuple[int, float, float] | None = None,
     ) -> None:
         entry.tokens = np.concatenate([tokens, np.asarray(drafts, dtype=tokens.dtype)])
-        entry.drafts, entry.committed = drafts, len(tokens)
+        entry.drafts, entry.committed, entry.withdrawn = drafts, len(tokens), withdrawn
         probs, top1, entropies = zip(*signals, strict=True) if signals else ((), (), ())
         entry.signals = (tuple(probs), tuple(top1), tuple(entropies))

@@ -22,6 +22,7 @@ from eesd_vllm.proposer import EarlyExitProposer, common_prefix
 from tinymodels import make_tiny
 
 from eesd_core.errors import ConfigError, EESDError
+from eesd_core.protocols import DraftStep, Request, RoundOutcome
 
 VOCAB = 97
 
@@ -296,3 +297,75 @@ def test_the_expand_repair_spreads_each_value_over_its_positions() -> None:
     ids = torch.zeros(3, dtype=torch.int64)
     expand(ids, torch.tensor([4, 9]), torch.tensor([1, 3]), 9, -1)
     assert ids.tolist() == [4, -1, -1]
+
+
+class TakesBack:
+    """Drafts up to three tokens and takes a draft back on its q alone (a deterministic function of
+    the context, so rows decide the same drafting together or alone); records what it learns."""
+
+    def __init__(self) -> None:
+        self.updates: list[RoundOutcome] = []
+
+    def start(self, request: Request) -> None:
+        assert request.withdraws
+
+    def should_continue(self, step: DraftStep) -> bool:
+        return step.index < 3
+
+    def keep(self, step: DraftStep) -> bool:
+        assert step.token is None and step.prob is None and step.top1 is not None
+        return int(step.top1 * 1e6) % 3 != 0
+
+    def update(self, outcome: RoundOutcome) -> None:
+        self.updates.append(outcome)
+
+
+def test_drafts_taken_back_change_no_token_and_are_judged_by_the_next_step(checkpoint, plain_head) -> None:  # noqa: ANN001
+    """A controller that takes drafts back on q's confidence, alone and drafting together: every
+    request still equals plain greedy, rows drafting together propose what they would alone, and
+    each withdrawn draft is reported accepted exactly when it is the target's argmax there."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float64).eval()
+    config = vllm_config(checkpoint)
+    config.model_config.dtype = torch.float64
+    proposals, judged = [], []
+    for together in (True, False):
+        proposer = EarlyExitProposer(config, ProposerOptions(head=str(plain_head), controller="fixed"))
+        controller = proposer.controller = TakesBack()
+        proposer.keep = controller.keep
+        if not together:
+            proposer._draft_together = lambda group, costs, p=proposer: [  # type: ignore[method-assign]
+                p._draft(entry, tokens, row, room, costs) for row, entry, tokens, room in group
+            ]
+        seen: list[tuple[int, list[int], RoundOutcome]] = []
+
+        def spy(entry, tokens, row, costs, learn=proposer._learn, seen=seen, c=controller) -> None:  # noqa: ANN001
+            back, before = entry.withdrawn, len(c.updates)
+            learn(entry, tokens, row, costs)
+            if back is not None:
+                outcome = c.updates[before]
+                seen.append((back[0], list(tokens[: entry.committed + outcome.drafted]), outcome))
+
+        proposer._learn = spy  # type: ignore[method-assign]
+        calls: list[list[list[int]]] = []
+        propose = proposer.propose
+        proposer.propose = lambda *a, f=propose, c=calls: c.append(f(*a)) or c[-1]  # type: ignore[method-assign]
+        prompts, limits = prompts_of(6, 6), [11, 24, 16, 30, 5, 20]
+        got = Scheduler(model, proposer, seed=7).run(prompts, limits, drop_drafts=False)
+        assert got == [greedy(model, p, n) for p, n in zip(prompts, limits, strict=True)]
+        assert proposer.stats["withdrawn"] > 0 and proposer.stats["drafted"] > 0
+        proposals.append(calls)
+        judged.append(seen)
+    assert proposals[0] == proposals[1]
+    scheduler = Scheduler(model, proposer)
+    checked = 0
+    for token, prefix, outcome in judged[0]:
+        assert outcome.withdrawn is not None
+        if outcome.accepted < outcome.drafted:
+            assert outcome.withdrawn.acceptance is None  # the pass never reached its position
+            continue
+        best = scheduler.target_next(prefix)[-1]
+        assert outcome.withdrawn.acceptance == float(best == token)
+        checked += 1
+    assert checked > 5 and {o.withdrawn.acceptance for _, _, o in judged[0]} >= {0.0, 1.0}

@@ -93,6 +93,8 @@ def serve(checkpoint: Path, tmp_path: Path, method: str, **extra: object) -> dic
         str(out),
         "--max-model-len",
         "128",
+        "--memory-fraction",  # a tiny model: start beside whatever else the machine runs
+        "0.3",
     ]
     for key, value in extra.items():
         command += [f"--{key.replace('_', '-')}", value if isinstance(value, str) else json.dumps(value)]
