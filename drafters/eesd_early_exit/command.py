@@ -41,6 +41,12 @@ def add_distill_command(subparsers: Any) -> None:
         default=0,
         help="hidden units kept in each head layer's MLP, those of largest weight norms (0: all)",
     )
+    parser.add_argument(
+        "--head-storage",
+        choices=("float", "int8"),
+        default="float",
+        help="how the head file stores weights: bfloat16, or int8 with a scale per row (half the size)",
+    )
     parser.add_argument("--vocab-size-subset", type=int, default=0, help="K: draft over K tokens (0: all)")
     parser.add_argument(
         "--top-input",

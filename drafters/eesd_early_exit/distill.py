@@ -44,6 +44,7 @@ class DistillConfig:
     init_layer: int | None = None
     head_layers: int = 1
     mlp_width: int = 0
+    head_storage: str = "float"  # or "int8": matrices as int8 with a scale per row (half the file)
     vocab_size_subset: int = 0
     top_input: bool = False
     capture_layers: tuple[int, ...] = ()
@@ -133,10 +134,10 @@ def distill(
         "train_seconds": round(trained.seconds, 1),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    save_head(head, adapter, config.out, training=report)
+    save_head(head, adapter, config.out, training=report, storage=config.head_storage)
     held = read_shards(held_shards, config.exit_layer, top)
     report["eval"] = evaluate(model, config.out, held_ids, config, held, eos, progress)
-    save_head(head, adapter, config.out, training=report)
+    save_head(head, adapter, config.out, training=report, storage=config.head_storage)
     return report
 
 
@@ -218,6 +219,8 @@ def _check(adapter: Any, config: DistillConfig) -> None:
         )
     if config.init_layer is not None and not 0 <= config.init_layer < adapter.num_layers:
         raise ConfigError(f"--init-layer must be in [0, {adapter.num_layers}), got {config.init_layer}.")
+    if config.head_storage not in ("float", "int8"):
+        raise ConfigError(f"--head-storage must be float or int8, got {config.head_storage!r}.")
     positive = {
         "max-new-tokens": config.max_new_tokens,
         "generate-batch": config.generate_batch,
@@ -327,6 +330,7 @@ def _config_from(args: argparse.Namespace) -> DistillConfig:
         init_layer=args.init_layer,
         head_layers=args.head_layers,
         mlp_width=args.head_mlp_width,
+        head_storage=args.head_storage,
         vocab_size_subset=args.vocab_size_subset,
         top_input=args.top_input,
         capture_layers=_numbers(args.capture_layers, int, "--capture-layers"),

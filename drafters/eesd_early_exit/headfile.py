@@ -5,7 +5,9 @@ Metadata (all strings, as safetensors requires): ``format`` (``eesd-exit-head``)
 ``fingerprint`` (of the target's weights), ``exit_layer``, ``num_exit_layers``, ``init_layer``,
 ``vocab_subset`` (number of tokens, 0 for the full vocabulary), ``exit_input`` (``hidden`` for the
 paper's head on h_N, ``hidden+top`` for a head that also reads the target's top state; absent in
-older files, which are ``hidden``), ``training`` (JSON) and
+older files, which are ``hidden``), ``storage`` (``float``, or ``int8``: each matrix stored as int8
+with a float32 scale per output row, ``NAME.scale``, which halves a bfloat16 file; absent in older
+files, which are ``float``), ``training`` (JSON) and
 ``tensors_sha256`` (of every tensor's name, dtype, shape and bytes, as stored). Loading checks the
 metadata against the target before any tensor is read, then the tensors against their checksum, so
 a file damaged after it was written is refused rather than used; writing is atomic.
@@ -30,6 +32,8 @@ from eesd_core.protocols import ModelAdapter
 FORMAT = "eesd-exit-head"
 FORMAT_VERSION = 1
 EXIT_INPUTS = ("hidden", "hidden+top")
+STORAGES = ("float", "int8")
+SCALE = ".scale"
 
 
 SHIPPED_HEADS = Path(__file__).parent / "heads"
@@ -90,8 +94,12 @@ def save_head(
     path: str | Path,
     training: dict[str, Any] | None = None,
     dtype: torch.dtype = torch.bfloat16,
+    storage: str = "float",
 ) -> Path:
-    """Write ``head`` atomically: a temporary file in the same directory, then a rename."""
+    """Write ``head`` atomically: a temporary file in the same directory, then a rename. Tensors in
+    ``dtype``; with ``storage="int8"`` its matrices in int8 with a scale per row instead."""
+    if storage not in STORAGES:
+        raise HeadError(f"Unknown head storage {storage!r}: one of {', '.join(STORAGES)}.")
     path = Path(path)
     metadata = {
         "format": FORMAT,
@@ -103,9 +111,15 @@ def save_head(
         "init_layer": str(getattr(head, "init_layer", -1)),
         "vocab_subset": str(0 if head.vocab_ids is None else len(head.vocab_ids)),
         "exit_input": "hidden+top" if head.top_input else "hidden",
+        "storage": storage,
         "training": json.dumps(training or {}, sort_keys=True),
     }
-    tensors = {k: v.detach().to(dtype).contiguous().cpu() for k, v in head.trainable_state().items()}
+    tensors: dict[str, torch.Tensor] = {}
+    for name, value in head.trainable_state().items():
+        if storage == "int8" and value.dim() == 2:
+            tensors[name], tensors[name + SCALE] = quantize_rows(value.detach().cpu())
+        else:
+            tensors[name] = value.detach().to(dtype).contiguous().cpu()
     if head.vocab_ids is not None:
         tensors["vocab_ids"] = head.vocab_ids.detach().to(torch.int64).cpu().contiguous()
     metadata["tensors_sha256"] = tensors_digest(tensors)
@@ -120,6 +134,26 @@ def save_head(
         if os.path.exists(tmp):
             os.unlink(tmp)
     return path
+
+
+def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 with one float32 scale per row: (int8 ``[R, C]``, scales ``[R]``); a row
+    dequantizes to ``q * scale``, within half a step (scale / 2) of every weight."""
+    w = weight.double()
+    scale = (w.abs().amax(dim=1) / 127).clamp_min(1e-30)
+    q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
+    return q.contiguous(), scale.float().contiguous()
+
+
+def dequantize(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Float tensors from a file's tensors: each int8 matrix times its row scales."""
+    out = {}
+    for name, tensor in tensors.items():
+        if name.endswith(SCALE):
+            continue
+        scale = tensors.get(name + SCALE)
+        out[name] = tensor if scale is None else tensor.float() * scale.float()[:, None]
+    return out
 
 
 def tensors_digest(tensors: dict[str, torch.Tensor]) -> str:
@@ -161,6 +195,11 @@ def read_metadata(path: str | Path) -> dict[str, str]:
             f"{str(path)!r} needs an exit input this eesd does not know "
             f"({metadata.get('exit_input')!r}; known: {', '.join(EXIT_INPUTS)}). Upgrade eesd."
         )
+    if metadata.get("storage", "float") not in STORAGES:
+        raise HeadError(
+            f"{str(path)!r} stores its weights as {metadata.get('storage')!r}, which this eesd cannot "
+            f"read (known: {', '.join(STORAGES)}). Upgrade eesd."
+        )
     return metadata
 
 
@@ -197,6 +236,8 @@ def load_head(path: str | Path, adapter: ModelAdapter) -> Any:
         )
     try:
         vocab_ids = tensors.pop("vocab_ids", None)
+        if metadata.get("storage", "float") == "int8":
+            tensors = dequantize(tensors)
         head = ExitHead(
             adapter,
             int(metadata["exit_layer"]),

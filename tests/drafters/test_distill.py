@@ -305,6 +305,7 @@ def test_vocab_subset_head_file(model: torch.nn.Module, tmp_path: Path) -> None:
         {"vocab_size_subset": -1},
         {"mlp_width": -1},
         {"mlp_width": 10_000},
+        {"head_storage": "int4"},
         {"temperatures": ()},
         {"temperatures": (0.0, -1.0)},
         {"temperatures": (0.0, 0.8, 0.8)},
@@ -368,8 +369,8 @@ def test_cli_distils_and_evaluates_a_checkpoint_directory(
         "--prompt-file",
         str(tmp_path / "ids.json"),
     ]
-    assert main([*argv, "--vocab-size-subset", "50", "--epochs", "2"]) == 0
-    assert read_metadata(head)["vocab_subset"] == "50"
+    assert main([*argv, "--vocab-size-subset", "50", "--epochs", "2", "--head-storage", "int8"]) == 0
+    assert read_metadata(head)["vocab_subset"] == "50" and read_metadata(head)["storage"] == "int8"
     assert "mean accepted tokens" in capsys.readouterr().out
     assert main(["distill", *common, "--eval-only", str(head)]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

@@ -146,3 +146,50 @@ def test_a_narrow_head_keeps_its_strongest_units_and_loads_as_it_was_saved(adapt
     torch.testing.assert_close(got, expected)
     with pytest.raises(ValueError, match="MLP width must be in"):
         ExitHead(adapter, 2, mlp_width=width + 1)
+
+
+def test_int8_storage_halves_the_file_and_loads_within_half_a_step(adapter, tmp_path: Path) -> None:
+    """Matrices in int8 with a scale per row: every loaded weight lies within half a step of the
+    trained one, the file's tensors are checked as stored, and a storage this eesd does not know
+    is refused with what to do."""
+    torch.manual_seed(3)
+    head = ExitHead(adapter, 2, 2, vocab_ids=torch.arange(0, 61, 2), top_input=True)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    as_float = save_head(head, adapter, tmp_path / "f.safetensors")
+    as_int8 = save_head(head, adapter, tmp_path / "q.safetensors", storage="int8")
+    assert read_metadata(as_int8)["storage"] == "int8" and read_metadata(as_float)["storage"] == "float"
+    assert as_int8.stat().st_size < 0.65 * as_float.stat().st_size
+    loaded = load_head(as_int8, adapter)
+    stored = headfile.safe_open(str(as_int8), framework="pt")
+    matrices = 0
+    for name, value in head.trainable_state().items():
+        got = loaded.trainable_state()[name]
+        if value.dim() == 2:
+            matrices += 1
+            assert stored.get_tensor(name).dtype == torch.int8, name
+            step = value.abs().amax(dim=1, keepdim=True) / 127
+            assert bool(((got - value).abs() <= step / 2 * (1 + 1e-6) + 1e-12).all()), name
+            assert not torch.equal(got, value)  # it really was rounded
+        else:
+            assert torch.equal(got, value.to(torch.bfloat16).float()), name
+    assert matrices >= 8
+    hidden = torch.randn(1, 3, adapter.hidden_size)
+    top = torch.randn(1, 3, adapter.hidden_size)
+    out = [h.hidden(hidden, 0, h.new_cache(), None, top) for h in (head, loaded)]
+    assert torch.allclose(out[0], out[1], atol=0.05, rtol=0.05)
+
+    data = bytearray(as_int8.read_bytes())
+    data[-5] ^= 0x40  # a byte of the last tensor
+    broken = tmp_path / "broken.safetensors"
+    broken.write_bytes(bytes(data))
+    with pytest.raises(HeadError, match="corrupted"):
+        load_head(broken, adapter)
+    with pytest.raises(HeadError, match="Unknown head storage 'int4'"):
+        save_head(head, adapter, tmp_path / "x.safetensors", storage="int4")
+    tensors = {name: stored.get_tensor(name) for name in stored.keys()}  # noqa: SIM118
+    metadata = dict(read_metadata(as_int8), storage="int4")
+    save_file(tensors, tmp_path / "future.safetensors", metadata=metadata)
+    with pytest.raises(HeadError, match="stores its weights as 'int4'.*Upgrade eesd"):
+        load_head(tmp_path / "future.safetensors", adapter)
