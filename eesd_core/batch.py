@@ -27,8 +27,16 @@ import torch
 from eesd_core.config import GenerationConfig
 from eesd_core.devices import HOST
 from eesd_core.errors import ConfigError
-from eesd_core.generation import RoundDrafts, sample_draft
-from eesd_core.protocols import Draft, DraftStep, RandomSource, Request, RoundOutcome, SamplingParams
+from eesd_core.generation import RoundDrafts, acceptance_chance, draw_unless_withdrawn
+from eesd_core.protocols import (
+    Draft,
+    DraftStep,
+    RandomSource,
+    Request,
+    RoundOutcome,
+    SamplingParams,
+    Withdrawn,
+)
 from eesd_core.sampling import check_finite, process_logits
 from eesd_core.stats import GenerationStats
 
@@ -150,6 +158,8 @@ class BatchGeneration:
                 f"drafter {decoder.config.drafter!r} runs target layers but cannot draft for a batch "
                 "(it has no step_batch): decode batches with drafter=None or one that supports them."
             )
+        withdraws = drafter is not None and getattr(drafter, "withdraws", False) is True
+        self.keep = decoder.guard.keeper(decoder.controller) if withdraws else None
 
     def __iter__(self) -> BatchGeneration:
         return self
@@ -220,6 +230,7 @@ class BatchGeneration:
                 self.sampling,
                 dec.costs_for(len(self.lengths)).snapshot(),
                 batch_size=len(self.lengths),
+                withdraws=self.keep is not None,
             )
             dec.guard.call_controller("start", dec.controller.start, request)
         self.stats.prefill_time = dec.clock() - self._started
@@ -253,13 +264,18 @@ class BatchGeneration:
             )  # type: ignore[union-attr]
         t2 = dec.clock()
         self._rollback(rows, start, m, results)
-        tracker.observe(m - 1, t1 - t0, t2 - t1)
+        peeked = any(d.withdrawn is not None and len(d.tokens) == m - 1 for d in drafts)
+        tracker.observe(m - 1, t1 - t0, t2 - t1, peeked)
         committed: list[list[int]] = [[] for _ in self.lengths]
         for j, row in enumerate(rows):
             if self.finished[row]:
                 continue
             n, token = results[j]
-            d = drafts[j]
+            d, withdrawn = drafts[j], None
+            if d.withdrawn is not None:  # judged by p at its position when every kept draft passed
+                draft, q, top1, entropy = d.withdrawn
+                seen = acceptance_chance(draft, q, p[j, n]) if n == len(d.tokens) else None
+                withdrawn = Withdrawn(top1, entropy, seen)
             outcome = RoundOutcome(
                 self.lengths[row] - 1,
                 len(d.tokens),
@@ -272,6 +288,7 @@ class BatchGeneration:
                 tuple(d.entropies),
                 costs,
                 row=row,
+                withdrawn=withdrawn,
             )
             if dec.drafter is not None:
                 dec.guard.call_controller("update", dec.controller.update, outcome)
@@ -336,9 +353,7 @@ class BatchGeneration:
                     continue
                 at = self.lengths[row] - 1 + steps
                 if self._batched:
-                    token, q, prob, top1, entropy = sample_draft(
-                        Draft(logits=logits[j]), self.sampling, self.rngs[row]
-                    )
+                    draft = Draft(logits=logits[j])
                 else:
                     if not fixed[j]:
                         draft = guard.call_drafter(
@@ -355,21 +370,27 @@ class BatchGeneration:
                             if not fixed[j]:
                                 drafting[j] = False
                                 continue
-                    if fixed[j]:
-                        token, q, prob, top1, entropy = fixed[j].pop(0), None, 1.0, 1.0, 0.0
-                    else:
-                        token, q, prob, top1, entropy = sample_draft(draft, self.sampling, self.rngs[row])
+                if fixed[j]:
+                    token, q, prob, top1, entropy = fixed[j].pop(0), None, 1.0, 1.0, 0.0
+                else:
+                    asked, rng = DraftStep(steps, limits[j], costs, row=row), self.rngs[row]
+                    drawn = draw_unless_withdrawn(draft, self.sampling, rng, self.keep, asked, drafts[j])
+                    if drawn is None:  # taken back before it was drawn: the row's input is in
+                        drafting[j] = False
+                        continue
+                    token, q, prob, top1, entropy = drawn
                 drafts[j].add(token, q, prob, top1, entropy)
                 self.tokens[row, at + 1] = token
             feeding = drafting
             steps += 1
         hidden = None
         if self._batched:
-            tokens = self._feed(rows, steps)
+            tokens = self._feed(rows, steps) if any(feeding) else None  # None: drafts taken back
             hidden = guard.call_drafter(
                 "finish_batch", drafter.finish_batch, self.draft_state, tokens, start + steps
             )  # type: ignore[union-attr]
-            guard.check_hidden(hidden, steps, drafter.shared_layers, dec.adapter.num_layers, rows=len(rows))
+            k = steps if tokens is not None else steps - 1
+            guard.check_hidden(hidden, k, drafter.shared_layers, dec.adapter.num_layers, rows=len(rows))
         return drafts, hidden
 
     def _feed(self, rows: list[int], step: int) -> torch.Tensor:

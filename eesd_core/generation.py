@@ -86,6 +86,31 @@ def sample_draft(
     return (token, q, prob, top, entropy)
 
 
+def draw_unless_withdrawn(
+    draft: Draft,
+    sampling: SamplingParams,
+    rng: RandomSource,
+    keep: Any,
+    asked: DraftStep,
+    drafts: RoundDrafts,
+) -> tuple[int, torch.Tensor | None, float, float, float] | None:
+    """:func:`sample_draft`, but with ``keep`` first asked whether to verify the draft after the
+    ``asked.index`` ones, from q alone (before the token is drawn, so verification stays exact);
+    ``None`` when it says no, the draft then recorded in ``drafts.withdrawn``."""
+    if keep is None:
+        return sample_draft(draft, sampling, rng)
+    distribution = q, probs = draft_distribution(draft, sampling)
+    token, prob, top, entropy = confidence(probs, draft.logits.argmax())  # type: ignore[union-attr]
+    if not keep(
+        DraftStep(asked.index + 1, asked.max_draft_tokens, asked.costs, None, None, top, entropy, asked.row)
+    ):
+        drafts.withdrawn = (draft, q, top, entropy)
+        return None
+    if sampling.greedy:  # the argmax, read with its confidence
+        return token, None, prob, top, entropy
+    return sample_draft(draft, sampling, rng, distribution)
+
+
 def draft_distribution(draft: Draft, sampling: SamplingParams) -> tuple[torch.Tensor | None, torch.Tensor]:
     """(q to sample and verify with, ``None`` when greedy: one-hot at the argmax; the
     distribution its confidence is read from: q, or at temperature 0 the softmax). # [V]"""
@@ -249,7 +274,7 @@ class Generation:
         token = int(self.tokens[position])
         step = DraftStep(index=0, max_draft_tokens=max_k, costs=costs)
         while ask(step):
-            i, distribution, seen = len(drafts.tokens), None, None
+            i = len(drafts.tokens)
             if not fixed:
                 history = self.tokens[: position + 1 + i]
                 draft = guard.call_drafter("step", drafter.step, state, token, position + i, history)
@@ -258,19 +283,13 @@ class Generation:
                     fixed = list(draft.tokens)
                     if not fixed:
                         break
-                elif self.keep is not None:
-                    # before sampling, so that keeping depends on q alone and verification stays exact
-                    distribution = q, probs = draft_distribution(draft, self.sampling)
-                    seen = confidence(probs, draft.logits.argmax())  # greedy's draft, read at once
-                    if not self.keep(DraftStep(i + 1, max_k, costs, None, None, seen[2], seen[3])):
-                        drafts.withdrawn = (draft, q, seen[2], seen[3])
-                        break
             if fixed:
                 token, row, prob, top, entropy = fixed.pop(0), None, 1.0, 1.0, 0.0
-            elif seen is not None and self.sampling.greedy:
-                (token, prob, top, entropy), row = seen, None
             else:
-                token, row, prob, top, entropy = sample_draft(draft, self.sampling, self.rng, distribution)
+                drawn = draw_unless_withdrawn(draft, self.sampling, self.rng, self.keep, step, drafts)
+                if drawn is None:
+                    break
+                token, row, prob, top, entropy = drawn
             drafts.add(token, row, prob, top, entropy)
             self.tokens[position + 1 + i] = token
             step = DraftStep(len(drafts.tokens), max_k, costs, token, prob, top, entropy)

@@ -267,9 +267,11 @@ class BatchDrafter(Drafter, Protocol):
     token for that slot (the layout says which rows feed one) goes through layers [0, N), and the
     logits of q ``[B, V]`` are returned (read only for ``drafting`` rows). ``finish_batch(state,
     tokens, S + k)`` feeds the last slot without drafting and returns the layer-N states of slots
-    [S, S + k] ``[B, k + 1, H]``. ``top_states_batch(state, hidden [B, m, H], slot)`` hands over
-    the last-layer states of slots ``slot ..`` (if ``reads_top_states``); ``rollback_batch(state,
-    slots)`` cuts back to ``slots`` slots (the layout already marks what each row kept);
+    [S, S + k] ``[B, k + 1, H]``; ``tokens`` is ``None`` when no row feeds that slot (every row
+    that drafted last took its draft back), and then the states of slots [S, S + k) come back.
+    ``top_states_batch(state, hidden [B, m, H], slot)`` hands over the last-layer states of slots
+    ``slot ..`` (if ``reads_top_states``); ``rollback_batch(state, slots)`` cuts back to ``slots``
+    slots (the layout already marks what each row kept);
     ``relayout_batch(state, rows [B'], index [B', S'])`` keeps slot rows ``rows`` with new slot j
     of row b holding old slot ``index[b, j]`` (-1: empty), as the engine did to the cache.
     """
@@ -280,7 +282,7 @@ class BatchDrafter(Drafter, Protocol):
         self, state: Any, tokens: torch.Tensor, slot: int, drafting: torch.Tensor
     ) -> torch.Tensor: ...
 
-    def finish_batch(self, state: Any, tokens: torch.Tensor, slot: int) -> torch.Tensor: ...
+    def finish_batch(self, state: Any, tokens: torch.Tensor | None, slot: int) -> torch.Tensor: ...
 
     def top_states_batch(self, state: Any, hidden: torch.Tensor, slot: int) -> None: ...
 

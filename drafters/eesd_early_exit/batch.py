@@ -63,13 +63,15 @@ class BatchDrafting:
         state.exit_slots = slot + 1
         return self.head.batch_logits(state.stand_in)  # [B, V]
 
-    def finish_batch(self, state: BatchExitState, tokens: torch.Tensor, slot: int) -> torch.Tensor:
-        h, _ = self._lower_batch(state, tokens, slot)
-        self._defer_batch(state, h)
+    def finish_batch(self, state: BatchExitState, tokens: torch.Tensor | None, slot: int) -> torch.Tensor:
+        if tokens is not None:  # None: no row feeds ``slot`` (each took its last draft back)
+            h, _ = self._lower_batch(state, tokens, slot)
+            self._defer_batch(state, h)
+            slot += 1
         states = state.round_states
         hidden = states[0] if len(states) == 1 else torch.cat(states, dim=1)
         if self.reads_top_states and len(states) > 1:
-            state.drafted_round = (hidden, slot + 1 - len(states))
+            state.drafted_round = (hidden, slot - len(states))
         state.round_states, state.stand_in = [], None
         return hidden  # [B, k+1, H]
 
@@ -138,7 +140,7 @@ class BatchDrafting:
         returned. Each state then holds what a round of its own through :meth:`step` and
         :meth:`finish` would have left, so ``rollback`` cuts it as usual."""
         width = joined.layout.slots
-        steps = hidden.shape[1] - 1  # step_batch calls: the exit layers ran on slots W .. W + steps - 1
+        steps = joined.exit_slots - width  # step_batch calls: the exit layers ran on slots W .. W + steps - 1
         for row, (state, count) in enumerate(zip(states, fed, strict=True)):
             append_slots(state.cache, joined.cache, row, width, count)
             append_slots(state.exit_cache, joined.exit_cache, row, width, min(count, steps))

@@ -436,7 +436,7 @@ class EarlyExitProposer:
                     feed[j] = 0
             feeding = list(drafting)
             steps += 1
-        hidden = drafter.finish_batch(joined, feed, width + steps)
+        hidden = drafter.finish_batch(joined, feed if any(feeding) else None, width + steps)
         drafter.part(joined, [entry.state for _, entry, _, _ in group], [len(d) + 1 for d in drafts], hidden)
         for (_, entry, tokens, _), made, signal, back in zip(group, drafts, signals, withdrawn, strict=True):
             self._record(entry, tokens, made, signal, back)

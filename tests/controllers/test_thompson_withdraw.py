@@ -180,12 +180,32 @@ def test_what_a_withdrawn_draft_would_have_scored_is_exact(temperature):
     assert ctrl.requests[0].withdraws
 
 
-def test_a_batch_never_asks_keep():
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_each_row_of_a_batch_judges_its_withdrawn_draft_exactly(temperature):
+    """The same in a batch: each row drafts two tokens and takes the second back, judged by that
+    row's own p at its position."""
     model = _toy(1)
-    ctrl = Recorder(schedule=(True,), keeps=(False,))
-    setup = Setup(model, drafter=TOY, controller=lambda: ctrl, max_draft_tokens=2)
+    ctrl = Recorder(schedule=(True,), keeps=(True,), second=False)
+    setup = Setup(model, drafter=TOY, controller=lambda: ctrl, max_draft_tokens=3)
+    sampling = SamplingParams(temperature)
+    prompts = [[1, 2], [3, 1, 0]]
     with installed(setup.subjects()):
         dec = setup.build()
-        dec.generate(torch.tensor([[1, 2], [3, 1]]), max_new_tokens=6, temperature=0.0)
-    assert not ctrl.asked and not ctrl.requests[0].withdraws
-    assert all(o.withdrawn is None for o in ctrl.updates)
+        result = dec.generate(prompts, max_new_tokens=10, temperature=temperature, seed=5, eos_token_id=[])
+    assert ctrl.requests[0].withdraws and ctrl.requests[0].batch_size == 2
+    judged = 0
+    for o in ctrl.updates:
+        if o.withdrawn is None:
+            continue
+        tokens = result.sequences[o.row].tolist()
+        history = tokens[: o.position + 2]  # pending token, then d_1
+        if o.accepted < o.drafted:
+            assert o.withdrawn.acceptance is None
+            continue
+        p = model.next_probs(history, sampling)
+        q = torch.softmax(model.logits(history, draft=True) / (temperature or 1.0), -1)
+        expected = float(torch.minimum(p, q.to(p.dtype)).sum()) if temperature else float(p[q.argmax()])
+        assert o.withdrawn.acceptance == pytest.approx(expected)
+        judged += 1
+    assert judged >= 4 and {o.row for o in ctrl.updates if o.withdrawn is not None} == {0, 1}
+    assert all(step.token is None and step.prob is None for step in ctrl.asked)

@@ -240,3 +240,57 @@ def test_the_gaps_are_squeezed_out_when_the_cache_would_overflow(model, heads) -
     assert [row[len(p) :] for row, p in zip(generation.sequences, prompts, strict=True)] == [
         _solo(model, p, new=80) for p in prompts
     ]
+
+
+class TakesBack:
+    """Drafts up to three tokens and takes back a draft whose q's top-1 falls in one of three
+    bins: a keep rule of q alone, the same for a row alone and in a batch."""
+
+    def __init__(self) -> None:
+        self.requests: list = []
+
+    def start(self, request) -> None:
+        self.requests.append(request)
+
+    def should_continue(self, step) -> bool:
+        return step.index < 3
+
+    def keep(self, step) -> bool:
+        assert step.token is None and step.prob is None
+        return int(step.top1 * 1e6) % 3 != 0
+
+    def update(self, outcome) -> None:
+        pass
+
+
+@pytest.mark.parametrize("name", ["untrained", "exit", "top"])
+def test_rows_that_take_drafts_back_make_their_solo_rounds(model, heads, name) -> None:
+    """Drafts taken back in a batch: each row's rounds (drafts, q, what was taken back and how it
+    was judged) are its rounds alone, and every row equals its greedy decoding."""
+    prompts, options = _prompts(2), _drafters(heads)[name]
+
+    def rounds_of(prompt_or_batch) -> dict[int, list]:
+        dec = SpeculativeDecoder(model, max_draft_tokens=3, **options)
+        dec.controller = TakesBack()
+        seen: dict[int, list] = {}
+        dec.round_ended = lambda outcome: seen.setdefault(outcome.row, []).append(outcome)
+        out = dec.generate(prompt_or_batch, max_new_tokens=NEW, eos_token_id=[])
+        assert all(request.withdraws for request in dec.controller.requests)
+        return seen, out
+
+    solo = [rounds_of(prompt)[0][0] for prompt in prompts]
+    batch, out = rounds_of(prompts)
+    withdrawn = 0
+    for row, (prompt, rounds) in enumerate(zip(prompts, solo, strict=True)):
+        assert out.sequences[row][len(prompt) :].tolist() == _solo(model, prompt, None)
+        mine = batch[row]
+        summary = [[(o.tokens, o.drafted, o.accepted) for o in r] for r in (mine, rounds)]
+        assert summary[0] == summary[1], (name, row)
+        for a, b in zip(mine, rounds, strict=True):
+            assert a.probs == pytest.approx(b.probs, abs=1e-9)
+            assert (a.withdrawn is None) == (b.withdrawn is None)
+            if a.withdrawn is not None:
+                withdrawn += 1
+                assert a.withdrawn.top1 == pytest.approx(b.withdrawn.top1, abs=1e-9)
+                assert a.withdrawn.acceptance == b.withdrawn.acceptance
+    assert withdrawn >= 3 and out.stats.accepted > 0

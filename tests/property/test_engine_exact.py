@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from eesd_core.generation import Generation
 from eesd_core.protocols import SamplingParams
 from eesd_core.testing import strategies as es
-from eesd_core.testing.checks import check_greedy, check_lossless
+from eesd_core.testing.checks import check_greedy, check_lossless, check_lossless_batch
 from eesd_core.testing.controllers import ErraticController, always
 from eesd_core.testing.errors import ReplayError, ToyInvariantError
 from eesd_core.testing.kit import TOY, Setup
@@ -98,3 +98,15 @@ def test_a_controller_with_its_own_unseeded_randomness_is_reported():
     with pytest.raises(ReplayError, match="cannot replay"):
         for _ in range(10):
             engine_distribution(Setup(model, controller=Moody, max_draft_tokens=3), [0], 4)
+
+
+@pytest.mark.parametrize("name", [TOY, "early_exit"])
+def test_batches_that_take_drafts_back_follow_the_target(name):
+    """A batch whose controller takes drafts back on their q, on fixed toy targets: each draft
+    step's q is seen before the draft is drawn, so the rows still follow the target exactly."""
+    controller = ErraticController((True,), salt=1, keeps=(True, False, True))
+    for seed in range(2):
+        torch.manual_seed(seed)
+        model = ToyModel(torch.rand(4, 3), torch.rand(4, 3), window=1, num_layers=3)
+        setup = Setup(model, drafter=name, controller=lambda: replace(controller), max_draft_tokens=2)
+        check_lossless_batch(setup, [[1], [2, 0]], 2, SamplingParams(1.0))
