@@ -86,8 +86,8 @@ class Costs:
 @dataclass(frozen=True)
 class Request:
     """What a controller learns about a generation when it starts. ``withdraws``: whether the
-    engine will ask :meth:`Controller.keep` this generation (a lone sequence, a drafter that can
-    take a draft back, a controller that has ``keep``)."""
+    engine will ask :meth:`Controller.keep` this generation (a drafter that can take a draft back,
+    a controller that has ``keep``; alone or in a batch)."""
 
     prompt_length: int
     max_new_tokens: int
