@@ -66,6 +66,7 @@ def worker(args: argparse.Namespace) -> None:
         options=options,
         max_model_len=args.max_model_len,
         dtype=args.dtype,
+        memory_fraction=args.memory_fraction,
     )
     proposer = engine.proposer_of(llm)
     engine.run(llm, prompts[:2], args.max_tokens)  # warm-up
@@ -114,6 +115,9 @@ def summarize(runs: list[dict], methods: list[str], levels: list[int]) -> dict:
                 drafted = sum(s["drafted"] for s in stats)
                 row["acceptance_rate"] = sum(s["accepted"] for s in stats) / drafted if drafted else None
                 row["drafts_per_request_step"] = drafted / max(1, sum(s["rows"] for s in stats))
+                row["withdrawn_per_request_step"] = sum(s.get("withdrawn", 0) for s in stats) / max(
+                    1, sum(s["rows"] for s in stats)
+                )
                 row["proposer_share"] = sum(s["seconds"] for s in stats) / sum(
                     r["levels"][c]["seconds"] for r in mine
                 )
@@ -140,6 +144,7 @@ def main() -> int:
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--memory-fraction", type=float, default=None, help="vLLM's gpu_memory_utilization")
     parser.add_argument("--out", default=None)
     # the worker's own arguments
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -173,6 +178,8 @@ def main() -> int:
                     "--max-model-len", str(args.max_model_len), "--dtype", args.dtype,
                     "--concurrency", *map(str, args.concurrency),
                 ]  # fmt: skip
+                if args.memory_fraction is not None:
+                    command += ["--memory-fraction", str(args.memory_fraction)]
                 if draft_path:
                     command += ["--draft-path", draft_path]
                 started = time.perf_counter()
@@ -186,16 +193,17 @@ def main() -> int:
                     file=sys.stderr,
                 )
     table = summarize(runs, args.methods, args.concurrency)
-    columns = ("method", "c", "tok/s", "vs plain", "wave s", "accept", "drafts/step", "equal")
-    print("{:<8} {:>3} {:>8} {:>9} {:>8} {:>7} {:>11} {:>6}".format(*columns))
+    columns = ("method", "c", "tok/s", "vs plain", "wave s", "accept", "drafts/step", "back/step", "equal")
+    print("{:<8} {:>3} {:>8} {:>9} {:>8} {:>7} {:>11} {:>9} {:>6}".format(*columns))
     for method, rows in table.items():
         for c, row in rows.items():
             accept = row.get("acceptance_rate")
-            per = row.get("drafts_per_request_step")
+            per, back = row.get("drafts_per_request_step"), row.get("withdrawn_per_request_step")
             print(
                 f"{method:<8} {c:>3} {row['tokens_per_second']:>8.1f} {row['vs_plain'] or 0:>8.3f}x "
                 f"{row['wave_seconds']:>8.2f} {'' if accept is None else f'{accept:.2f}':>7} "
-                f"{'' if per is None else f'{per:.2f}':>11} {'yes' if row['greedy_equal'] else 'NO':>6}"
+                f"{'' if per is None else f'{per:.2f}':>11} {'' if back is None else f'{back:.2f}':>9} "
+                f"{'yes' if row['greedy_equal'] else 'NO':>6}"
             )
     if args.out:
         record = {
