@@ -45,13 +45,16 @@ def qwen():
     dict(drafter="early_exit", controller="thompson"),
     dict(drafter="early_exit", drafter_options={"exit_layer": 20, "head": None},
          controller="fixed", controller_options={"k": 3}),
+    dict(drafter="early_exit", controller="fixed", controller_options={"k": 3}),
     dict(drafter="prompt_lookup", controller="thompson"),
-], ids=["plain", "default", "untrained-n20-fixed3", "prompt-lookup"])
+], ids=["plain", "default", "untrained-n20-fixed3", "shipped-head-fixed3", "prompt-lookup"])
 def test_greedy_equals_transformers(qwen, options: dict) -> None:
     from eesd_core import SpeculativeDecoder
 
     model, tok, prompts, expected = qwen
     dec = SpeculativeDecoder(model, tokenizer=tok, **options)
+    if options.get("drafter") == "early_exit" and "drafter_options" not in options:
+        assert dec.drafter.head_path is not None, "the shipped exit head for this model was not found"
     for ids, want in zip(prompts, expected, strict=True):
         out = dec.generate(ids, max_new_tokens=NEW_TOKENS)
         assert out.sequences.tolist() == want.tolist(), tok.decode(ids[0])
