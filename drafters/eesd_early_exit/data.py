@@ -102,7 +102,11 @@ def generate_shards(
     for index, batch in enumerate(bar):
         meta = _shard_metadata(settings, batch, fingerprint)
         path = work_dir / f"shard-{index:05d}.safetensors"
-        if not _shard_is_done(path, meta):
+        missing = _missing_layers(path, meta)
+        if missing:
+            bar.set_description("add layers")
+            add_layers(adapter, path, missing)
+        elif missing is None:
             generator = torch.Generator().manual_seed(settings.seed * 100_003 + index)
             samples = capture_batch(adapter, batch, settings, eos_ids, generator)
             write_shard(path, samples, meta)
@@ -120,10 +124,11 @@ def _shard_metadata(settings: CaptureSettings, batch: list[list[int]], fingerpri
     }
 
 
-def _shard_is_done(path: Path, meta: dict[str, str]) -> bool:
-    """True for a shard of these prompts; one of other prompts is stale and made again."""
+def _missing_layers(path: Path, meta: dict[str, str]) -> list[int] | None:
+    """For a shard of these prompts, the layers it lacks ([] when it serves as it is); ``None``
+    when there is no such shard yet (one of other prompts is stale and made again)."""
     if not path.is_file():
-        return False
+        return None
     with safe_open(str(path), framework="pt") as f:
         found = f.metadata() or {}
     if any(found.get(key) != meta[key] for key in ("settings", "target")):
@@ -131,14 +136,48 @@ def _shard_is_done(path: Path, meta: dict[str, str]) -> bool:
             f"{str(path)!r} holds data generated with other settings or another target. "
             "Use another work directory, or delete this one to regenerate."
         )
+    if found.get("prompts") != meta["prompts"]:
+        return None
     held, needed = json.loads(found.get("layers", "[]")), json.loads(meta["layers"])
-    if not set(needed) <= set(held):
-        raise ConfigError(
-            f"{str(path)!r} was generated with other settings: it holds the states after layers "
-            f"{held}, and this run needs {needed}. Use another work directory, or generate once "
-            "with every layer you need (--capture-layers)."
-        )
-    return found.get("prompts") == meta["prompts"]
+    return sorted(set(needed) - set(held))
+
+
+@torch.no_grad()
+def add_layers(adapter: ModelAdapter, path: str | Path, layers: list[int]) -> None:
+    """Add the states after ``layers`` to a shard that lacks them, by one teacher-forced pass of the
+    target's first ``max(layers)`` layers over each stored prompt and response.
+
+    The tokens were chosen when the shard was generated, so this costs a prefill of each sequence
+    through those layers, a small part of generating it: a sweep over the exit layer N needs one
+    generation only. The new states equal those kept at generation time up to the rounding of a
+    pass over many positions instead of one (and of batch padding). The shard is rewritten
+    atomically with its metadata's ``layers`` extended."""
+    path = Path(path)
+    _check_layers(adapter, tuple(layers))
+    with safe_open(str(path), framework="pt") as f:
+        meta = dict(f.metadata() or {})
+        tensors = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118
+    held = json.loads(meta.get("layers", "[]"))
+    layers = sorted(set(layers) - set(held))
+    if not layers:
+        return
+    kept: dict[int, list[torch.Tensor]] = {n: [] for n in layers}
+    tok = 0
+    for plen, r in zip(tensors["prompt_lengths"].tolist(), tensors["response_lengths"].tolist(), strict=True):
+        ids = tensors["tokens"][tok : tok + plen + r - 1].to(adapter.device)
+        tok += plen + r
+        cache = adapter.new_cache(capacity=len(ids))
+        x, done = adapter.embed(ids), 0
+        rotary = adapter.rotary(x, 0)
+        for n in layers:
+            x = adapter.run_layers(x, done, n, cache, 0, rotary)
+            kept[n].append(x[0])
+            done = n
+    like = next(v for k, v in tensors.items() if k.startswith("hidden."))
+    for n in layers:
+        tensors[f"hidden.{n}"] = torch.cat(kept[n]).to(like.dtype).cpu()
+    meta["layers"] = json.dumps(sorted({*held, *layers}))
+    _write_atomic(path, tensors, meta)
 
 
 @torch.no_grad()
@@ -292,6 +331,10 @@ def write_shard(path: Path, samples: list[Sample], metadata: dict[str, str]) -> 
     }
     for n in layers:
         tensors[f"hidden.{n}"] = torch.cat([s.layers[n] for s in samples if s.layers is not None])
+    _write_atomic(path, tensors, metadata)
+
+
+def _write_atomic(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from eesd_early_exit.data import CaptureSettings, capture_batch, generate_shards, read_shards
+from eesd_early_exit.data import CaptureSettings, capture_batch, generate_shards, read_shards, shard_layers
 from eesd_early_exit.distill import DistillConfig, distill
 from eesd_early_exit.head import ExitHead
 from eesd_early_exit.headfile import read_metadata, save_head
@@ -91,10 +91,31 @@ def test_one_generation_serves_every_captured_layer(model64, tmp_path: Path) -> 
         read_shards(paths)
     with pytest.raises(ConfigError, match="not of layer 3"):
         read_shards(paths, 3)
-    with pytest.raises(ConfigError, match="holds the states after layers"):
-        generate_shards(adapter, prompts, tmp_path, CaptureSettings(3, 6, top_k=4, batch_size=2), [], False)
     with pytest.raises(ConfigError, match="layers 1..4"):
         capture_batch(adapter, [[1]], CaptureSettings(5, 2, top_k=4), [], torch.Generator())
+
+
+def test_a_layer_the_shards_lack_is_added_from_their_tokens(model64, tmp_path: Path) -> None:
+    adapter, prompts = find_adapter(model64), [[1, 5, 6], [7, 8, 9, 10], [11]]
+    paths = generate_shards(
+        adapter, prompts, tmp_path / "a", CaptureSettings(EXIT, 6, top_k=4, batch_size=2), [], False
+    )
+    before = read_shards(paths, EXIT)
+    # exit layer 3 was not captured: a teacher-forced pass over the stored tokens adds it in place
+    wider = CaptureSettings(3, 6, top_k=4, batch_size=2, extra_layers=(1,))
+    assert generate_shards(adapter, prompts, tmp_path / "a", wider, [], False) == paths
+    assert all(shard_layers(p) == [1, EXIT, 3] for p in paths)
+    # ... and equals what a generation that captured it would have kept
+    fresh = read_shards(generate_shards(adapter, prompts, tmp_path / "b", wider, [], False), 3)
+    for added, generated in zip(read_shards(paths, 3), fresh, strict=True):
+        assert torch.equal(added.tokens, generated.tokens)
+        torch.testing.assert_close(added.hidden.double(), generated.hidden.double(), atol=2e-3, rtol=1e-3)
+    for kept, old in zip(read_shards(paths, EXIT), before, strict=True):
+        assert torch.equal(kept.hidden, old.hidden) and torch.equal(kept.topk_ids, old.topk_ids)
+    with pytest.raises(ConfigError, match="layers 1..4"):
+        generate_shards(
+            adapter, prompts, tmp_path / "a", CaptureSettings(5, 6, top_k=4, batch_size=2), [], False
+        )
 
 
 def test_collate_shifts_the_top_states_by_one_position() -> None:
