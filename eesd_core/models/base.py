@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -24,7 +25,7 @@ from torch import nn
 
 from eesd_core.cache import KVCache
 from eesd_core.models import AdapterOptions
-from eesd_core.models.products import LinearRouter, MatmulPlan, plan_for
+from eesd_core.models.products import LinearRouter, MatmulPlan, plan_for, product_linear
 
 
 class DecoderAdapter:
@@ -196,7 +197,12 @@ class DecoderAdapter:
     def lm_logits(self, hidden: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
         """Normed states ``[..., H]`` to logits ``[..., V]`` through the LM head, or through
         ``weight`` ``[V', H]`` (rows of it, say), with whatever the model applies after the head."""
-        return self.model.lm_head(hidden) if weight is None else F.linear(hidden, weight)
+        if weight is None:
+            return self.model.lm_head(hidden)
+        m = hidden.numel() // hidden.shape[-1]
+        if m in self.products and not torch.is_grad_enabled():  # a draft step, not training
+            return product_linear(self.products.product(m), hidden, weight)
+        return F.linear(hidden, weight)
 
     # -- batches of sequences --------------------------------------------------------------------
 
@@ -258,16 +264,19 @@ class DecoderAdapter:
         ``valid`` ``[B, total]``, at per-row ``position`` ``[B, m]`` as :meth:`run_batch` runs."""
         rotary = self.rotary(hidden, position) if rotary is None else rotary
         made: dict[int | None, torch.Tensor | None] = {}
-        for layer in layers:
-            window = self._window_of(layer)
-            if window not in made:
-                if valid is None:
-                    made[window] = self.mask(hidden.shape[1], int(position), window, hidden)
-                else:
-                    made[window] = _padded_mask(
-                        valid.to(hidden.device), hidden.shape[1], window, hidden.dtype
-                    )
-            hidden = self.call_layer(layer, hidden, made[window], rotary, cache)
+        m = hidden.shape[0] * hidden.shape[1]
+        routed = m in self.products and not torch.is_grad_enabled()  # a draft step, not training
+        with LinearRouter(layers, self.products.product(m)) if routed else nullcontext():
+            for layer in layers:
+                window = self._window_of(layer)
+                if window not in made:
+                    if valid is None:
+                        made[window] = self.mask(hidden.shape[1], int(position), window, hidden)
+                    else:
+                        made[window] = _padded_mask(
+                            valid.to(hidden.device), hidden.shape[1], window, hidden.dtype
+                        )
+                hidden = self.call_layer(layer, hidden, made[window], rotary, cache)
         return hidden
 
 

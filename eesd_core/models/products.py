@@ -95,9 +95,13 @@ def onednn_serves(dtype: torch.dtype, device: torch.device) -> bool:
     return bool(torch.allclose(out.float(), expected.float(), rtol=2e-2, atol=2e-2))
 
 
+def product_linear(product: str, x: torch.Tensor, weight: torch.Tensor, bias: Any = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` through ``product`` ("transposed" or "onednn")."""
+    return (transposed_linear if product == "transposed" else onednn_linear)(x, weight, bias)
+
+
 def _routed_forward(product: str, module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    multiply = transposed_linear if product == "transposed" else onednn_linear
-    return multiply(x, module.weight, module.bias)
+    return product_linear(product, x, module.weight, module.bias)
 
 
 class LinearRouter:

@@ -343,3 +343,28 @@ def test_a_planned_row_count_runs_its_product(kinds: list[str]) -> None:
             adapter.norm(adapter.run_layers(adapter.embed(torch.arange(m)), 0, 4, cache, position))
         )
         assert set(kinds) == ({expected} if expected else set()), m
+
+
+def test_an_exit_head_runs_its_copies_and_rows_through_the_plan(spy: list[int]) -> None:
+    """A draft step's head (copied layers, a vocabulary subset's rows) uses the product its row
+    count is planned for, as the target's layers do; training (gradients on) keeps F.linear."""
+    adapter = find_adapter(make_tiny("qwen2", 0, dtype=torch.float32))
+    adapter.products = fixed_plan([1, 2])
+    copies = [adapter.copy_layer(adapter.num_layers - 1, 0)]
+    rows = adapter.lm_head_weight[:16]
+    per_layer = 7  # q, k, v, o, gate, up, down
+    for m, planned in ((1, True), (2, True), (3, False)):
+        hidden = adapter.embed(torch.arange(m))
+        with torch.no_grad():
+            expected = [F.linear(adapter.norm(hidden), rows)]
+            spy.clear()
+            out = adapter.run_copies(copies, hidden, adapter.new_cache(1), 0)
+            logits = adapter.lm_logits(adapter.norm(out), rows)
+            routed = list(spy)
+            torch.testing.assert_close(adapter.lm_logits(adapter.norm(hidden), rows), expected[0])
+        assert routed == ([m] * (per_layer + 1) if planned else []), m
+        assert logits.shape == (1, m, 16)
+    spy.clear()
+    out = adapter.run_copies(copies, adapter.embed(torch.arange(1)), adapter.new_cache(1), 0)
+    adapter.lm_logits(adapter.norm(out), rows).sum().backward()
+    assert spy == [] and copies[0].mlp.up_proj.weight.grad is not None
