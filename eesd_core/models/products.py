@@ -95,9 +95,22 @@ def onednn_serves(dtype: torch.dtype, device: torch.device) -> bool:
     return bool(torch.allclose(out.float(), expected.float(), rtol=2e-2, atol=2e-2))
 
 
-def product_linear(product: str, x: torch.Tensor, weight: torch.Tensor, bias: Any = None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` through ``product`` ("transposed" or "onednn")."""
-    return (transposed_linear if product == "transposed" else onednn_linear)(x, weight, bias)
+# A product: "transposed", "onednn", or per matrix shape ((rows, cols), product) pairs, with
+# (None, product) for shapes not listed (``MatmulPlan.shapes``).
+Product = str | tuple[tuple[tuple[int, int] | None, str], ...]
+
+
+def _for_weight(product: Product, weight: torch.Tensor) -> str:
+    if isinstance(product, str):
+        return product
+    chosen = dict(product)
+    return chosen.get(tuple(weight.shape), chosen[None])  # type: ignore[call-overload]
+
+
+def product_linear(product: Product, x: torch.Tensor, weight: torch.Tensor, bias: Any = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` through ``product`` (for this weight's shape)."""
+    multiply = transposed_linear if _for_weight(product, weight) == "transposed" else onednn_linear
+    return multiply(x, weight, bias)
 
 
 def _routed_forward(product: str, module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -115,9 +128,9 @@ class LinearRouter:
     state: another thread running the same modules meanwhile gets the same product.
     """
 
-    def __init__(self, roots: Iterable[nn.Module], product: str = "transposed") -> None:
+    def __init__(self, roots: Iterable[nn.Module], product: Product = "transposed") -> None:
         self._linears = [
-            (module, partial(_routed_forward, product, module))
+            (module, partial(_routed_forward, _for_weight(product, module.weight), module))
             for root in roots
             for module in root.modules()
             if type(module) is nn.Linear
@@ -151,19 +164,24 @@ class MatmulPlan:
     rows: frozenset[int] = frozenset()
     timings: dict[int, tuple[float, float]] = field(default_factory=dict)
     onednn: frozenset[int] = frozenset()
+    shapes: dict[int, Product] = field(default_factory=dict)  # m -> a product per matrix shape
 
     def __contains__(self, m: int) -> bool:
         return m in self.rows
 
-    def product(self, m: int) -> str:
+    def product(self, m: int) -> Product:
         """The product of passes over m positions (planned ones: :meth:`__contains__`)."""
-        return "onednn" if m in self.onednn else "transposed"
+        return self.shapes.get(m) or ("onednn" if m in self.onednn else "transposed")
 
     def describe(self) -> str:
         if not self.rows:
             return "standard F.linear for every pass"
-        parts = []
-        for name, rows in (("transposed product", self.rows - self.onednn), ("oneDNN's", self.onednn)):
+        parts, alone = [], self.rows - set(self.shapes)
+        for name, rows in (
+            ("transposed product", alone - self.onednn),
+            ("oneDNN's", alone & self.onednn),
+            ("the faster of the two for each matrix shape", set(self.shapes)),
+        ):
             if rows:
                 parts.append(f"{name} for passes over m = " + ", ".join(str(m) for m in sorted(rows)))
         return "; ".join(parts)
@@ -240,7 +258,9 @@ def calibrate(
     if repeats < 2:
         raise ValueError("calibration needs at least two repeats to see how much passes vary")
     if candidates is None:
-        candidates = ["transposed"] + (["onednn"] if onednn_serves(adapter.dtype, adapter.device) else [])
+        serves = onednn_serves(adapter.dtype, adapter.device)
+        candidates = ["transposed"] + (["onednn"] if serves else [])
+        candidates += ["mixed"] if serves and hasattr(adapter, "_layers") else []
     others = list(candidates)
     device, saved = adapter.device, adapter.products
     cache = adapter.new_cache(capacity=context + max_rows)
@@ -249,9 +269,15 @@ def calibrate(
     inputs = {len(ids): adapter.embed(ids) for ids in zeros}
     layers = sampled_layers(adapter, sample_bytes)
     scale = adapter.num_layers / layers
+    mixed: dict[int, Product] = {}
+
+    def plan_of(m: int, kind: str) -> MatmulPlan:
+        if kind == "mixed":
+            return MatmulPlan(frozenset([m]), shapes={m: mixed[m]})
+        return MatmulPlan() if kind == "standard" else fixed_plan([m], kind)
 
     def run(m: int, kind: str) -> float:
-        adapter.products = MatmulPlan() if kind == "standard" else fixed_plan([m], kind)
+        adapter.products = plan_of(m, kind)
         start = clock()
         hidden = adapter.run_layers(inputs[m], 0, layers, cache, context)
         if layers == adapter.num_layers:
@@ -268,6 +294,8 @@ def calibrate(
         with torch.inference_mode():
             prefix = adapter.embed(torch.zeros(context, dtype=torch.long, device=device))
             adapter.run_layers(prefix, 0, layers, cache, 0)
+            if "mixed" in others:
+                mixed.update(_shape_products(adapter, layers, list(inputs), repeats, clock))
             kinds = ["standard", *others]
             first = _measure(run, list(inputs), repeats, kinds)
             again = _measure(run, [m for m, s in first.items() if _choice(s)], repeats, kinds)
@@ -279,7 +307,42 @@ def calibrate(
         other = chosen.get(m) or min(others, key=lambda k: statistics.median(samples[k]))
         timings[m] = (statistics.median(samples["standard"]), statistics.median(samples[other]))
     rows = frozenset(m for m, kind in chosen.items() if kind)
-    return MatmulPlan(rows, timings, frozenset(m for m, kind in chosen.items() if kind == "onednn"))
+    onednn = frozenset(m for m, kind in chosen.items() if kind == "onednn")
+    return MatmulPlan(rows, timings, onednn, {m: mixed[m] for m, kind in chosen.items() if kind == "mixed"})
+
+
+def _shape_products(
+    adapter: Any, layers: int, counts: list[int], repeats: int, clock: Callable[[], float]
+) -> dict[int, Product]:
+    """For each m, the faster of the transposed and oneDNN's product for each shape of matrix in
+    the first ``layers`` decoder layers and the LM head, timed over all the matrices of that shape
+    (so that they come from memory, as in a pass); unlisted shapes take oneDNN's.
+
+    Which is faster depends on the shape: on a 2-core x86 CPU, for a gate or up matrix of
+    Qwen2.5-1.5B (8960 x 1536) and two rows the transposed product took 1.6 ms and oneDNN's 2.4,
+    for its down matrix (1536 x 8960) 3.0 and 2.35, so a pass over two positions through either
+    alone cost 1.3 times one over one position."""
+    weights: dict[tuple[int, int], list[torch.Tensor]] = {}
+    for root in [*adapter._layers[:layers], adapter.model.lm_head]:
+        for module in root.modules():
+            if type(module) is nn.Linear:
+                weights.setdefault(tuple(module.weight.shape), []).append(module.weight)
+
+    def sweep(m: int, kind: str, shape: tuple[int, int]) -> float:
+        x = torch.zeros(m, shape[1], dtype=adapter.dtype, device=adapter.device)
+        start = clock()
+        for weight in weights[shape]:
+            product_linear(kind, x, weight)
+        return clock() - start
+
+    chosen: dict[int, Product] = {}
+    for m in counts:
+        best = []
+        for shape in weights:
+            times = _measure(lambda m, kind, shape=shape: sweep(m, kind, shape), [m], repeats, list(PRODUCTS))
+            best.append((shape, min(PRODUCTS, key=lambda kind: statistics.median(times[m][kind]))))
+        chosen[m] = (*sorted(best), (None, "onednn"))
+    return chosen
 
 
 def sampled_layers(adapter: Any, sample_bytes: int) -> int:
@@ -331,4 +394,7 @@ def plan_for(adapter: Any, mode: str, max_rows: int) -> MatmulPlan:
     rows = range(1, max_rows + 1)
     timings = {m: known[m][1] for m in rows if known[m][1] is not None}
     planned = frozenset(m for m in rows if known[m][0])
-    return MatmulPlan(planned, timings, frozenset(m for m in planned if known[m][2] == "onednn"))
+    onednn = frozenset(m for m in planned if known[m][2] == "onednn")
+    return MatmulPlan(
+        planned, timings, onednn, {m: known[m][2] for m in planned if not isinstance(known[m][2], str)}
+    )

@@ -368,3 +368,53 @@ def test_an_exit_head_runs_its_copies_and_rows_through_the_plan(spy: list[int]) 
     out = adapter.run_copies(copies, adapter.embed(torch.arange(1)), adapter.new_cache(1), 0)
     adapter.lm_logits(adapter.norm(out), rows).sum().backward()
     assert spy == [] and copies[0].mlp.up_proj.weight.grad is not None
+
+
+@needs_onednn
+def test_a_per_shape_product_sends_each_matrix_to_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    adapter = find_adapter(make_tiny("qwen2", 0, dtype=torch.float32))
+    shapes = {tuple(m.weight.shape) for m in adapter._layers[0].modules() if type(m) is torch.nn.Linear}
+    tall = max(shapes)  # one shape transposed, every other (and the LM head) through oneDNN
+    adapter.products = MatmulPlan(frozenset({2}), shapes={2: ((tall, "transposed"), (None, "onednn"))})
+    seen: list[tuple[str, tuple[int, ...]]] = []
+    for name in ("transposed", "onednn"):
+        original = getattr(products, f"{name}_linear")
+
+        def counting(x, weight, bias=None, name=name, original=original):  # noqa: ANN001, ANN202
+            seen.append((name, tuple(weight.shape)))
+            return original(x, weight, bias)
+
+        monkeypatch.setattr(products, f"{name}_linear", counting)
+    cache = adapter.new_cache()
+    hidden = adapter.embed(torch.arange(2))
+    expected = F.linear(
+        adapter.norm(adapter.run_layers(hidden, 0, 4, adapter.new_cache(), 0)), adapter.lm_head_weight
+    )
+    seen.clear()
+    out = adapter.logits(adapter.norm(adapter.run_layers(hidden, 0, 4, cache, 0)))
+    assert seen and all((name == "transposed") == (shape == tall) for name, shape in seen)
+    assert {name for name, _ in seen} == {"transposed", "onednn"}
+    torch.testing.assert_close(out, expected[0], atol=1e-5, rtol=1e-4)
+    assert "the faster of the two for each matrix shape for passes over m = 2" in adapter.products.describe()
+
+
+@needs_onednn
+def test_each_shape_gets_the_product_that_is_faster_for_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under a clock where the transposed product is the faster for wide-output matrices only,
+    and the plan for every such shape is the transposed one, for every other oneDNN's."""
+    now = [0.0]
+    costs = {"transposed": lambda w: 1.0 if w.shape[0] > w.shape[1] else 3.0, "onednn": lambda w: 2.0}
+    for name, cost in costs.items():
+
+        def timed(x, weight, bias=None, cost=cost):  # noqa: ANN001, ANN202
+            now[0] += cost(weight)
+            return F.linear(x, weight, bias)
+
+        monkeypatch.setattr(products, f"{name}_linear", timed)
+    adapter = find_adapter(make_tiny("qwen2", 0, dtype=torch.float32))
+    chosen = products._shape_products(adapter, adapter.num_layers, [1, 3], 3, lambda: now[0])
+    for m in (1, 3):
+        table = dict(chosen[m])
+        assert table.pop(None) == "onednn"
+        assert tuple(adapter.lm_head_weight.shape) in table
+        assert table and all(kind == ("transposed" if r > c else "onednn") for (r, c), kind in table.items())
