@@ -8,7 +8,14 @@ from pathlib import Path
 import pytest
 import torch
 from eesd_early_exit import data as data_module
-from eesd_early_exit.data import CaptureSettings, capture_batch, generate_shards, rank_vocab, read_shards
+from eesd_early_exit.data import (
+    CaptureSettings,
+    capture_batch,
+    generate_shards,
+    rank_vocab,
+    read_shards,
+    shard_layers,
+)
 from eesd_early_exit.distill import DistillConfig, distill, new_head
 from eesd_early_exit.headfile import read_metadata
 from eesd_early_exit.prompts import encode_prompts, load_prompts
@@ -160,10 +167,13 @@ def test_shards_resume_and_refuse_other_settings(model: torch.nn.Module, tmp_pat
     assert [s.tokens[: s.prompt_length].tolist() for s in read_shards(more)] == prompts
     generate_shards(adapter, prompts, tmp_path, settings, [2], False)
     assert calls == [4, 4, 2]
+    # another exit layer is added to the shards from their tokens, nothing is generated again
+    deeper = CaptureSettings(EXIT + 1, 8, top_k=4, batch_size=4)
+    generate_shards(adapter, prompts, tmp_path, deeper, [2], False)
+    assert calls == [4, 4, 2] and all(shard_layers(p) == [EXIT, EXIT + 1] for p in more)
     with pytest.raises(ConfigError, match="other settings"):
-        generate_shards(
-            adapter, prompts, tmp_path, CaptureSettings(EXIT + 1, 8, top_k=4, batch_size=4), [2], False
-        )
+        other = CaptureSettings(EXIT, 8, top_k=8, batch_size=4)
+        generate_shards(adapter, prompts, tmp_path, other, [2], False)
 
 
 def test_vocab_subset_ranks_by_teacher_mass(samples: list) -> None:
