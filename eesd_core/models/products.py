@@ -12,7 +12,9 @@ A third product is oneDNN's linear (:func:`onednn_linear`, where torch is built 
 float32 and bfloat16): its cost hardly grows with m. On the same machine one 8960 x 1536 matrix of
 Qwen2.5-1.5B took 3.7 ms with ``F.linear`` for one row, 1.8 ms transposed for one or two rows but
 3.5 ms for three and 5.9 ms for eight, and 2.2 to 3.5 ms through oneDNN for one to eight rows; a
-whole pass over four positions fell from 2.4 to 1.5 times a pass over one.
+whole pass over four positions fell from 2.4 to 1.5 times a pass over one. Which of the two is
+faster depends on the matrix's shape too, so a third candidate ("mixed", :func:`_shape_products`)
+takes, for each shape, the one that timing the model's own matrices of that shape favours.
 
 Which path is faster depends on the back-end, the CPU, the thread count and m, so it is measured:
 :func:`calibrate` times passes of the model each way for every m and keeps the fastest other
