@@ -266,7 +266,7 @@ class DecoderAdapter:
         made: dict[int | None, torch.Tensor | None] = {}
         m = hidden.shape[0] * hidden.shape[1]
         routed = m in self.products and not torch.is_grad_enabled()  # a draft step, not training
-        with LinearRouter(layers, self.products.product(m)) if routed else nullcontext():
+        with self._router(("copies", *layers), layers, m) if routed else nullcontext():
             for layer in layers:
                 window = self._window_of(layer)
                 if window not in made:
