@@ -32,8 +32,44 @@ class _Round:
     times: list[float] | None = None
     rate: float = 0.0
     limit: int = 0
-    share: int = 1  # rows sharing the round (Costs.batch_size)
     peek: float | None = None  # Costs.peek
+
+
+class _Lockstep:
+    """Which draft steps the rows of a batch round made or refused so far.
+
+    A batch drafts in lockstep and verifies every row over the longest round's positions, so a
+    step that one row makes lengthens the round for all, and once made it costs the rows asked
+    after it nothing more. The row that would make a step weighs its time, which every row waits
+    for, against the tokens of the rows that may still draft it, taken to be like itself: those
+    that drafted the step before (every row, for the first step), less those that refused it
+    already. Alone there is one row, and the weight is 1."""
+
+    def __init__(self) -> None:
+        self._asked: set[int] = set()  # rows asked for their first draft this round
+        self._rows = 1  # rows of the round (those that wait for a longer round)
+        self._made: dict[int, int] = {}  # index -> rows that drafted at that index this round
+        self._refused: dict[int, int] = {}  # index -> rows that stopped at that index
+
+    def asked(self, row: int) -> None:
+        if row in self._asked:  # asked again: a new round, of the rows the last one asked at most
+            self._rows = len(self._asked)
+            self._asked, self._made, self._refused = set(), {}, {}
+        self._asked.add(row)
+        self._rows = max(self._rows, len(self._asked))
+
+    def answered(self, index: int, drafts: bool) -> None:
+        tally = self._made if drafts else self._refused
+        tally[index] = tally.get(index, 0) + 1
+
+    def made(self, index: int) -> bool:
+        """Whether a row of this round already made draft step ``index``."""
+        return self._made.get(index, 0) > 0
+
+    def weight(self, index: int) -> float:
+        """Rows whose time one more step spends, per row that may still draft it."""
+        before = self._rows if index == 0 else self._made.get(index - 1, 0)
+        return self._rows / max(before - self._refused.get(index, 0), 1)
 
 
 class ThompsonController:
@@ -46,14 +82,25 @@ class ThompsonController:
         self.buckets = Buckets(o.edges or (), o.alpha0, o.beta0)
         self.first_seen = Frequencies(len(self.buckets.cells))  # buckets of first drafts' signals
         self.withdraws = False
-        self.kinds_seen: set[int] = set()
+        self._kinds: dict[int, set[int]] = {}  # the k of rounds seen, by batch size (Costs.batch_size)
         self.rounds = 0
         self._rounds: dict[int, _Round] = {}  # by row: a batch asks its rows in turn
         self._round = _Round()
+        self._lockstep = _Lockstep()
+
+    @property
+    def kinds_seen(self) -> set[int]:
+        """The k of the rounds seen alone (a batch size's costs are learnt apart: ``_kinds``)."""
+        return self._kinds.setdefault(1, set())
+
+    @kinds_seen.setter
+    def kinds_seen(self, kinds: set[int]) -> None:
+        self._kinds[1] = kinds
 
     # -- the protocol ---------------------------------------------------------------------------
 
     def start(self, request: Request) -> None:
+        self._lockstep = _Lockstep()  # a new generation: its rows are asked afresh
         self.withdraws = request.withdraws and self.options.withdraw and self.options.stop_rule == "cost"
         if self.options.scope == "request":
             self.posterior.reset()
@@ -67,10 +114,16 @@ class ThompsonController:
 
     def should_continue(self, step: DraftStep) -> bool:
         if step.index == 0:
+            self._lockstep.asked(step.row)
             self._round = self._rounds[step.row] = _Round()
             self._begin_round(step)
         else:
             self._round = self._rounds.setdefault(step.row, self._round)
+        drafts = self._decide(step)
+        self._lockstep.answered(step.index, drafts)
+        return drafts
+
+    def _decide(self, step: DraftStep) -> bool:
         if step.index >= self._round.limit:
             return False
         if step.index and self.options.resample == "step":
@@ -79,7 +132,9 @@ class ThompsonController:
         if self.options.stop_rule == "bernoulli":
             return self.rng.random() < (self._latest_theta(step) if step.index else self._round.theta)
         if self._round.times is None:
-            return step.index < self._explore_k()
+            return step.index < self._explore_k(step.costs)
+        if self._lockstep.made(step.index):
+            return True  # another row of the batch made this step: the round is that long anyway
         return self._pays_on(step.index, survival)
 
     def keep(self, step: DraftStep) -> bool:
@@ -93,11 +148,12 @@ class ThompsonController:
         if not self.withdraws or times is None or step.costs.peek is None:
             return True
         extra = max(times[step.index] - times[step.index - 1] - step.costs.peek, 0.0)
-        return self._round.survival * self._expected(step) > self._round.rate * self._round.share * extra
+        price = self._round.rate * self._lockstep.weight(step.index - 1)
+        return self._round.survival * self._expected(step) > price * extra
 
     def update(self, outcome: RoundOutcome) -> None:
         self.rounds += 1
-        self.kinds_seen.add(outcome.drafted)
+        self._kinds.setdefault(outcome.costs.batch_size, set()).add(outcome.drafted)
         k, n, withdrawn = outcome.drafted, outcome.accepted, outcome.withdrawn
         if k == 0 and withdrawn is None:
             return
@@ -121,7 +177,6 @@ class ThompsonController:
         cap = self.options.max_draft_tokens
         self._round.limit = step.max_draft_tokens if cap is None else min(step.max_draft_tokens, cap)
         self._round.survival = 1.0
-        self._round.share = step.costs.batch_size
         self._round.times = None
         self._round.peek = step.costs.peek
         if self.options.stop_rule == "cost":
@@ -140,17 +195,14 @@ class ThompsonController:
         """Whether drafting pays at the posterior mean: if not, drafting now is a probe."""
         assert self._round.times is not None
         mean = self.posterior.mean
-        return draft_on(
-            0, 1.0, mean, self._round.times, best_rate(mean, self._round.times), self._round.share
-        )
+        return draft_on(0, 1.0, mean, self._round.times, best_rate(mean, self._round.times))
 
     def _pays_on(self, index: int, survival: float) -> bool:
         """The cost rule, then a look (a first draft kept only if its confidence says so), then
         the rare one-draft probe while drafting looks hopeless."""
         assert self._round.times is not None
-        if draft_on(
-            index, survival, self._round.theta, self._round.times, self._round.rate, self._round.share
-        ):
+        weight = self._lockstep.weight(index)
+        if draft_on(index, survival, self._round.theta, self._round.times, self._round.rate, weight):
             return True
         if index == 0 and self._look_pays():
             return True
@@ -166,7 +218,7 @@ class ThompsonController:
         times, peek = self._round.times, self._round.peek
         if not self.withdraws or self.options.variant != "calibration" or times is None or peek is None:
             return False
-        price = self._round.rate * self._round.share
+        price = self._round.rate
         extra = max(times[1] - times[0] - peek, 0.0)
         value = 0.0
         for cell, share in enumerate(self.first_seen.shares()):
@@ -178,19 +230,19 @@ class ThompsonController:
     def _locked_out(self) -> bool:
         """Whether the measured costs say drafting could not pay even if every draft were accepted."""
         assert self._round.times is not None
-        return not draft_on(
-            0, 1.0, 1.0, self._round.times, best_rate(1.0, self._round.times), self._round.share
-        )
+        return not draft_on(0, 1.0, 1.0, self._round.times, best_rate(1.0, self._round.times))
 
-    def _explore_k(self) -> int:
-        """Drafts while costs are unknown: one round of one draft, then one plain step."""
-        return 0 if self.kinds_seen - {0} else 1
+    def _explore_k(self, costs: Costs) -> int:
+        """Drafts while costs are unknown: one round of one draft, then one plain step (at each
+        batch size, whose costs are measured apart)."""
+        return 0 if self._kinds.get(costs.batch_size, set()) - {0} else 1
 
     def _round_times(self, costs: Costs, limit: int) -> list[float] | None:
         """round_time(k) for k = 0 .. limit, or None while the costs rest on a single k."""
-        if len(self.kinds_seen) < 2:
+        kinds = self._kinds.get(costs.batch_size, set())
+        if len(kinds) < 2:
             return None
-        return round_times(costs, limit, self.kinds_seen)
+        return round_times(costs, limit, kinds)
 
     def _advance(self, step: DraftStep) -> float:
         """Probability that every draft so far is accepted, under this round's draws."""

@@ -12,8 +12,9 @@ Round times come from the engine's measurements. For a k never tried, the engine
 line through what it measured, which on a CPU (where verifying two positions costs much more than
 one, and eight barely more than two) would make long rounds look prohibitive forever; so beyond the
 longest round tried, verification is assumed to cost no more than there, optimistically, until a
-longer round measures it. In a batch, the round times are the batch's and one row's extra drafts
-delay every row, so the rule weighs them by the batch size (``Costs.batch_size``).
+longer round measures it. In a batch, the round times are the whole batch's, and a longer round is
+longer for every row; the controller weighs that time by the rows it delays per row that would
+draft the step (``share``), so a step that every row drafts costs each row its time once.
 """
 
 from __future__ import annotations
@@ -34,12 +35,12 @@ def best_rate(theta: float, times: Sequence[float]) -> float:
 
 
 def draft_on(
-    index: int, survival: float, theta: float, times: Sequence[float], rate: float, share: int = 1
+    index: int, survival: float, theta: float, times: Sequence[float], rate: float, share: float = 1.0
 ) -> bool:
     """Whether drafting beyond ``index`` drafts gains more tokens than ``rate`` says its time is worth.
 
-    In a batch of ``share`` rows a longer round is longer for every row, so its extra time costs
-    ``share`` times as much as one row's."""
+    ``share``: how many rows' time the longer round spends for each row whose tokens it gains (1
+    alone, or when every row of a batch drafts it; the batch size when one row drafts alone)."""
     gain = 0.0
     for k in range(index + 1, len(times)):
         gain += survival * theta ** (k - index)

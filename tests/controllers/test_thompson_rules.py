@@ -141,3 +141,86 @@ def test_bad_options_are_errors(bad):
 
 def test_default_edges_follow_the_signal():
     assert ThompsonOptions(signal="entropy").edges != ThompsonOptions().edges
+
+
+# -- batches: costs per batch size, and draft steps that every row waits for ----------------------
+
+# a batch of 4 whose pass over 2 positions a row costs a quarter more than over 1 (memory-bound)
+BATCH = Costs(draft_step=0.05, propose_base=0.0, verify=lambda m: 1.0 + 0.25 * (m > 1), batch_size=4)
+
+
+def lockstep_round(ctrl, costs=BATCH, limits=(8, 8, 8, 8)):
+    """One batch round asked as the engine asks it: each step, the rows still drafting in turn.
+    Returns the drafts of each row."""
+    ks = [0] * len(limits)
+    feeding = list(range(len(limits)))
+    index = 0
+    while feeding:
+        drafting = []
+        for row in feeding:
+            step = DraftStep(index, limits[row], costs, row=row)
+            if index:
+                step = DraftStep(index, limits[row], costs, 5, 0.9, 0.9, 0.1, row=row)
+            if index < limits[row] and ctrl.should_continue(step):
+                drafting.append(row)
+                ks[row] += 1
+        feeding, index = drafting, index + 1
+    return ks
+
+
+def measured(ctrl, batch_size):
+    """As if the engine had measured a batch size's plain steps and one-draft rounds."""
+    ctrl.update(outcome(0, 0, (), (), (), 0.0, 0.0, Costs(batch_size=batch_size)))
+    ctrl.update(outcome(1, 1, (0.9,), (0.9,), (0.1,), 0.0, 0.0, Costs(batch_size=batch_size)))
+
+
+def test_each_batch_size_has_its_costs_explored():
+    """Solo costs say nothing of a batch's: a batch size met for the first time drafts one token
+    a row to measure a round with drafts there, as the first solo round does."""
+    ctrl = started()
+    measured(ctrl, 1)
+    empty = Costs(batch_size=4)
+    assert lockstep_round(ctrl, empty) == [1, 1, 1, 1]
+    measured(ctrl, 4)
+    assert ctrl._kinds[4] == {0, 1}
+
+
+class Draws(Lucky):
+    """Every theta draw is ``theta``, and so is every other draw."""
+
+    def __init__(self, theta):
+        self.theta = theta
+
+    def betavariate(self, alpha, beta):
+        return self.theta
+
+    def random(self):
+        return self.theta
+
+
+def test_a_step_every_row_drafts_costs_each_row_its_time_once():
+    """Drafts accepted 0.7 of the time and a draft round 0.3 of a step dearer: worth it when
+    every row drafts (0.7 tokens a row for 0.3 of a step), not for one row alone, whose longer
+    round the other three wait for too (0.7 tokens against 4 x 0.3 steps)."""
+    ctrl = started(alpha0=700, beta0=300)
+    measured(ctrl, 4)
+    ctrl.rng = Draws(0.7)
+    assert lockstep_round(ctrl, limits=(1, 1, 1, 1)) == [1, 1, 1, 1]
+    ctrl.rng = Draws(0.01)
+    for row in (0, 1, 2):  # three rows that expect nothing refuse the step
+        assert not ctrl.should_continue(DraftStep(0, 1, BATCH, row=row))
+    ctrl.rng = Draws(0.7)
+    assert not ctrl.should_continue(DraftStep(0, 1, BATCH, row=3))
+
+
+def test_rows_asked_after_a_step_was_made_draft_it_for_free():
+    """Once a row made a draft step, the round is that long for every row: the rows asked after
+    it draft too, whatever they expect, while a row asked alone would not."""
+    ctrl = started(alpha0=700, beta0=300)
+    measured(ctrl, 4)
+    ctrl.rng = Lucky()
+    assert ctrl.should_continue(DraftStep(0, 1, BATCH, row=0))
+    ctrl.rng = Draws(0.01)
+    assert [ctrl.should_continue(DraftStep(0, 1, BATCH, row=row)) for row in (1, 2, 3)] == [True] * 3
+    # the next round, nobody made the step before row 0 asks: it judges by its own draw
+    assert not ctrl.should_continue(DraftStep(0, 1, BATCH, row=0))

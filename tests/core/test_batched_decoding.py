@@ -223,6 +223,20 @@ def test_controllers_see_rows_and_the_batch_size(model) -> None:
     assert seen == {"requests": [3], "rows": {0, 1, 2}, "outcomes": {0, 1, 2}}
 
 
+def test_a_batch_size_measures_its_own_draft_rounds_after_solo_ones(model) -> None:
+    """The Thompson controller, having learnt the solo costs, still tries drafts at a batch size
+    it has not met, so that batch size's costs get measured (else it decodes plainly for good)."""
+    dec = SpeculativeDecoder(
+        model, drafter="early_exit", drafter_options={"exit_layer": 1}, controller="thompson"
+    )
+    prompts = _prompts(6)
+    dec.generate(prompts[0], max_new_tokens=8, eos_token_id=[])
+    assert dec.costs.propose[1] is not None and dec.costs.propose[0] is not None
+    dec.generate(prompts[:4], max_new_tokens=8, eos_token_id=[])
+    batch = dec.costs_for(4)
+    assert batch.propose[0] is not None and any(t is not None for t in batch.propose[1:])
+
+
 def test_the_gaps_are_squeezed_out_when_the_cache_would_overflow(model, heads) -> None:
     """Rows accepting different numbers of drafts leave gaps; the cache is realigned, not grown."""
     prompts = _prompts(6)
