@@ -2,12 +2,17 @@
 
 Hardware costs outlive a request, so one tracker lives as long as its decoder. Each cost is an
 exponential moving average per k (proposals) or per m = k + 1 (verification); what was never
-measured is interpolated by a least-squares line over what was.
+measured is interpolated by a least-squares line over what was. A cost last measured ``STALE``
+rounds ago or more is replaced by its next measurement rather than averaged with it: a controller
+that stopped making rounds of some k (plain steps, say, while drafting pays) may hold for that k a
+figure from the first, cold rounds, and smoothing would keep it wrong for many rounds more.
 """
 
 from __future__ import annotations
 
 from eesd_core.protocols import Costs
+
+STALE = 32
 
 
 def _line(points: list[tuple[int, float]]) -> tuple[float, float] | None:
@@ -33,6 +38,8 @@ class CostTracker:
         self.propose: list[float | None] = [None] * (max_k + 1)
         self.verify: list[float | None] = [None] * (max_k + 2)
         self.peek: float | None = None
+        self.rounds = 0
+        self._measured: dict[tuple[str, int], int] = {}  # (what, k or m) -> round last measured
         self._snapshot: Costs | None = None
 
     def observe(self, k: int, propose_time: float, verify_time: float, withdrawn: bool = False) -> None:
@@ -42,14 +49,19 @@ class CostTracker:
             kept = self.snapshot().round_time(k)
             verify = self.snapshot().verify(k + 1)
             if kept is not None and verify is not None:
-                self.peek = self._smooth(self.peek, max(propose_time - (kept - verify), 0.0))
+                self.peek = self._smooth(self.peek, max(propose_time - (kept - verify), 0.0), ("peek", 0))
         else:
-            self.propose[k] = self._smooth(self.propose[k], propose_time)
-        self.verify[k + 1] = self._smooth(self.verify[k + 1], verify_time)
+            self.propose[k] = self._smooth(self.propose[k], propose_time, ("propose", k))
+        self.verify[k + 1] = self._smooth(self.verify[k + 1], verify_time, ("verify", k + 1))
+        self.rounds += 1
         self._snapshot = None
 
-    def _smooth(self, old: float | None, new: float) -> float:
-        return new if old is None else old + self.smoothing * (new - old)
+    def _smooth(self, old: float | None, new: float, what: tuple[str, int]) -> float:
+        last = self._measured.get(what)
+        self._measured[what] = self.rounds
+        if old is None or last is None or self.rounds - last >= STALE:
+            return new
+        return old + self.smoothing * (new - old)
 
     def snapshot(self) -> Costs:
         """The current :class:`Costs`, rebuilt only after new observations."""

@@ -50,13 +50,20 @@ class _Lockstep:
         self._rows = 1  # rows of the round (those that wait for a longer round)
         self._made: dict[int, int] = {}  # index -> rows that drafted at that index this round
         self._refused: dict[int, int] = {}  # index -> rows that stopped at that index
+        self.plain = False  # this round is plain for every row
 
-    def asked(self, row: int) -> None:
+    def asked(self, row: int) -> bool | None:
+        """A row asked for its first draft; if that begins a new round, whether the round before
+        drafted (else ``None``)."""
+        drafted = None
         if row in self._asked:  # asked again: a new round, of the rows the last one asked at most
+            drafted = bool(self._made)
             self._rows = len(self._asked)
             self._asked, self._made, self._refused = set(), {}, {}
+            self.plain = False
         self._asked.add(row)
         self._rows = max(self._rows, len(self._asked))
+        return drafted
 
     def answered(self, index: int, drafts: bool) -> None:
         tally = self._made if drafts else self._refused
@@ -87,6 +94,7 @@ class ThompsonController:
         self._rounds: dict[int, _Round] = {}  # by row: a batch asks its rows in turn
         self._round = _Round()
         self._lockstep = _Lockstep()
+        self._since_plain: dict[int, int] = {}  # rounds since a plain one, by batch size
 
     @property
     def kinds_seen(self) -> set[int]:
@@ -114,7 +122,9 @@ class ThompsonController:
 
     def should_continue(self, step: DraftStep) -> bool:
         if step.index == 0:
-            self._lockstep.asked(step.row)
+            drafted = self._lockstep.asked(step.row)
+            if drafted is not None:
+                self._round_ended(drafted, step.costs)
             self._round = self._rounds[step.row] = _Round()
             self._begin_round(step)
         else:
@@ -133,6 +143,8 @@ class ThompsonController:
             return self.rng.random() < (self._latest_theta(step) if step.index else self._round.theta)
         if self._round.times is None:
             return step.index < self._explore_k(step.costs)
+        if self._lockstep.plain:
+            return False
         if self._lockstep.made(step.index):
             return True  # another row of the batch made this step: the round is that long anyway
         return self._pays_on(step.index, survival)
@@ -171,6 +183,14 @@ class ThompsonController:
                 self.buckets.cells[self.buckets.index(late)].observe(seen, 1.0 - seen)
 
     # -- internals ------------------------------------------------------------------------------
+
+    def _round_ended(self, drafted: bool, costs: Costs) -> None:
+        """Count rounds since a plain one at this batch size; make this round plain if too many."""
+        size = costs.batch_size
+        self._since_plain[size] = self._since_plain.get(size, 0) + 1 if drafted else 0
+        every = self.options.refresh
+        if every is not None and self.options.stop_rule == "cost" and self._since_plain[size] >= every:
+            self._lockstep.plain = True
 
     def _begin_round(self, step: DraftStep) -> None:
         """Draw theta for the round; once costs are known, price time and cap probing rounds."""

@@ -60,6 +60,10 @@ class ThompsonOptions(PluginOptions):
       because the confident buckets, weighted by how often first drafts land in them, repay the
       step. A taken-back draft that followed only accepted ones is still judged by the round's
       target pass, so the posteriors learn from looks at the price of a draft step.
+    - ``refresh``: with the cost rule, after this many rounds without a plain one at a batch
+      size, a round is plain, so that the cost of plain decoding, which drafting is weighed
+      against, is measured again (the engine's costs replace a figure that old rather than
+      average it); ``None``: never.
     - ``max_draft_tokens``: an own cap on drafts per round, below the engine's.
     - ``seed``: the controller's own random stream; with ``scope="request"`` it restarts at every
       generation, so a generation's decisions depend only on the seed and on what it observes.
@@ -80,6 +84,7 @@ class ThompsonOptions(PluginOptions):
     probe_tokens: int | None = Field(1, ge=1)
     explore: float = Field(0.3, ge=0.0, le=1.0)
     withdraw: bool = True
+    refresh: int | None = Field(32, ge=2)
     max_draft_tokens: int | None = Field(None, ge=0)
     seed: int = 0
 

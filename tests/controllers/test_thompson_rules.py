@@ -224,3 +224,37 @@ def test_rows_asked_after_a_step_was_made_draft_it_for_free():
     assert [ctrl.should_continue(DraftStep(0, 1, BATCH, row=row)) for row in (1, 2, 3)] == [True] * 3
     # the next round, nobody made the step before row 0 asks: it judges by its own draw
     assert not ctrl.should_continue(DraftStep(0, 1, BATCH, row=0))
+
+
+def test_a_plain_round_comes_back_to_measure_plain_decoding_again():
+    """A drafter that is always right drafts every round, so plain decoding's cost, which drafting
+    is weighed against, would keep its first measurement: every ``refresh`` rounds one is plain."""
+    ctrl = started(alpha0=50, beta0=1, refresh=8)
+    ctrl.kinds_seen |= {0, 1}
+    ks = [run_round(ctrl) for _ in range(30)]
+    assert [i for i, k in enumerate(ks) if k == 0] == [8, 17, 26]
+    never = started(alpha0=50, beta0=1, refresh=None)
+    never.kinds_seen |= {0, 1}
+    assert min(run_round(never) for _ in range(30)) == 8
+
+
+def test_a_refreshing_round_is_plain_for_every_row_of_a_batch():
+    ctrl = started(alpha0=700, beta0=300, refresh=4)
+    measured(ctrl, 4)
+    rounds = [lockstep_round(ctrl) for _ in range(6)]
+    assert rounds[4] == [0, 0, 0, 0]
+    assert all(all(k >= 1 for k in ks) for i, ks in enumerate(rounds) if i != 4)
+
+
+def test_the_cost_tracker_replaces_a_stale_figure_and_smooths_a_fresh_one():
+    from eesd_core.costs import STALE, CostTracker
+
+    tracker = CostTracker(4)
+    tracker.observe(0, 0.1, 1.0)  # a cold first plain step
+    tracker.observe(0, 0.1, 0.5)  # smoothed: 1.0 + 0.2 * (0.5 - 1.0)
+    assert tracker.verify[1] == pytest.approx(0.9)
+    for _ in range(STALE):
+        tracker.observe(1, 0.2, 0.6)
+    tracker.observe(0, 0.1, 0.5)  # plain again after STALE rounds: the old figure is dropped
+    assert tracker.verify[1] == pytest.approx(0.5)
+    assert tracker.snapshot().plain_step == pytest.approx(0.6)
