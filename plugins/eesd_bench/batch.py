@@ -481,6 +481,11 @@ def markdown(result: dict[str, Any]) -> str:
         f"pool, {settings['repeats']} repeats (medians shown). Throughput counts each row's tokens up to "
         "its EOS; row latency is the median over rows of the time until a row finished; ratios are "
         "paired within a repeat.",
+        *(
+            [f"Short passes (eesd's products, chosen in this process): {env['products']}."]
+            if env.get("products")
+            else []
+        ),
         "",
         "## Throughput and latency by batch size",
         "",
@@ -596,6 +601,10 @@ class BatchBench:
         runners = {s.name: build(s, self.model, self.settings, self.pad) for s in self.specs}
         length = self.settings.max_new_tokens
         samples, outputs = measure(runners, self.batches, repeats, length)
+        products = next(
+            (r.decoder.adapter.products.describe() for r in runners.values() if isinstance(r, EesdBatch)),
+            None,
+        )
         reference = HFBatch(self.model, self.pad)
         solo = {i: reference.solo(self.prompts[i][1], length) for b in self.batches for i in b.rows}
         eesd = [s.name for s in self.specs if s.kind == "eesd"]
@@ -607,7 +616,7 @@ class BatchBench:
         )
         return {
             "schema": SCHEMA,
-            "environment": environment(self.model, self.model_name),
+            "environment": {**environment(self.model, self.model_name), "products": products},
             "settings": {
                 **asdict(self.settings),
                 "prompts": len(self.prompts),

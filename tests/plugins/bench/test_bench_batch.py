@@ -119,6 +119,11 @@ def test_the_command_times_each_method_at_each_size_and_writes_its_files(
     page = (out / "batch.md").read_text()
     assert "| B | method | tokens/s | x hf | x eesd_plain |" in page and "| 2 | eesd_default |" in page
     assert "Every row of every eesd run equals" in page
+    assert isinstance(result["environment"]["products"], str)  # the plan this process chose
+    assert (
+        f"Short passes (eesd's products, chosen in this process): {result['environment']['products']}."
+        in page
+    )
     assert "| B | method |" in capsys.readouterr().out
     assert not list(out.glob(".*.partial"))
     pytest.importorskip("matplotlib")
