@@ -2,10 +2,8 @@
 
 Hardware costs outlive a request, so one tracker lives as long as its decoder. Each cost is an
 exponential moving average per k (proposals) or per m = k + 1 (verification); what was never
-measured is interpolated by a least-squares line over what was. A cost last measured ``STALE``
-rounds ago or more is replaced by its next measurement rather than averaged with it: a controller
-that stopped making rounds of some k (plain steps, say, while drafting pays) may hold for that k a
-figure from the first, cold rounds, and smoothing would keep it wrong for many rounds more.
+measured is interpolated by a least-squares line over what was. A cost unmeasured for ``STALE``
+rounds (plain steps while drafting pays) is replaced by its next measurement, not averaged.
 """
 
 from __future__ import annotations
@@ -46,8 +44,7 @@ class CostTracker:
         """A round of k verified drafts; ``withdrawn``: its last draft step was taken back, so its
         drafting time is k drafts' plus the peek (and no finish), which is what it teaches."""
         if withdrawn:
-            kept = self.snapshot().round_time(k)
-            verify = self.snapshot().verify(k + 1)
+            kept, verify = self.snapshot().round_time(k), self.snapshot().verify(k + 1)
             if kept is not None and verify is not None:
                 self.peek = self._smooth(self.peek, max(propose_time - (kept - verify), 0.0), ("peek", 0))
         else:
@@ -57,11 +54,8 @@ class CostTracker:
         self._snapshot = None
 
     def _smooth(self, old: float | None, new: float, what: tuple[str, int]) -> float:
-        last = self._measured.get(what)
-        self._measured[what] = self.rounds
-        if old is None or last is None or self.rounds - last >= STALE:
-            return new
-        return old + self.smoothing * (new - old)
+        last, self._measured[what] = self._measured.get(what, -STALE), self.rounds
+        return new if old is None or self.rounds - last >= STALE else old + self.smoothing * (new - old)
 
     def snapshot(self) -> Costs:
         """The current :class:`Costs`, rebuilt only after new observations."""
@@ -83,10 +77,4 @@ class CostTracker:
                 return measured[m]
             return None if vline is None else max(vline[0] + vline[1] * m, 0.0)
 
-        return Costs(
-            draft_step=draft_step,
-            propose_base=base,
-            verify=verify,
-            batch_size=self.batch_size,
-            measured_peek=self.peek,
-        )
+        return Costs(draft_step, base, verify, self.batch_size, self.peek)  # the fields in order
