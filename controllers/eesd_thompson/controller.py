@@ -255,11 +255,15 @@ class ThompsonController:
     def _explore_k(self, costs: Costs) -> int:
         """Drafts while costs are unknown: one round of one draft, then one plain step (at each
         batch size, whose costs are measured apart)."""
-        return 0 if self._kinds.get(costs.batch_size, set()) - {0} else 1
+        return 0 if self._seen(costs) - {0} else 1
+
+    def _seen(self, costs: Costs) -> set[int]:
+        """The k of the rounds seen at the batch size of ``costs``."""
+        return self._kinds.get(costs.batch_size, set())
 
     def _round_times(self, costs: Costs, limit: int) -> list[float] | None:
         """round_time(k) for k = 0 .. limit, or None while the costs rest on a single k."""
-        kinds = self._kinds.get(costs.batch_size, set())
+        kinds = self._seen(costs)
         if len(kinds) < 2:
             return None
         return round_times(costs, limit, kinds)

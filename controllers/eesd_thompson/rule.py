@@ -14,7 +14,7 @@ one, and eight barely more than two) would make long rounds look prohibitive for
 longest round tried, verification is assumed to cost no more than there, optimistically, until a
 longer round measures it. In a batch, the round times are the whole batch's, and a longer round is
 longer for every row; the controller weighs that time by the rows it delays per row that would
-draft the step (``share``), so a step that every row drafts costs each row its time once.
+draft the step (``weight``), so a step that every row drafts costs each row its time once.
 """
 
 from __future__ import annotations
@@ -35,16 +35,16 @@ def best_rate(theta: float, times: Sequence[float]) -> float:
 
 
 def draft_on(
-    index: int, survival: float, theta: float, times: Sequence[float], rate: float, share: float = 1.0
+    index: int, survival: float, theta: float, times: Sequence[float], rate: float, weight: float = 1.0
 ) -> bool:
     """Whether drafting beyond ``index`` drafts gains more tokens than ``rate`` says its time is worth.
 
-    ``share``: how many rows' time the longer round spends for each row whose tokens it gains (1
+    ``weight``: how many rows' time the longer round spends for each row whose tokens it gains (1
     alone, or when every row of a batch drafts it; the batch size when one row drafts alone)."""
     gain = 0.0
     for k in range(index + 1, len(times)):
         gain += survival * theta ** (k - index)
-        if gain > rate * share * (times[k] - times[index]):
+        if gain > rate * weight * (times[k] - times[index]):
             return True
     return False
 
