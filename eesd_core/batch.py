@@ -1,14 +1,15 @@
 """Many sequences at once: one target pass per round over every active row, each row exact.
 
 The rows share one preallocated cache whose *slots* are columns of the batch. Prompts are
-left-padded into slots [0, T - 1); each row's last prompt token is its pending token, as in
-:mod:`eesd_core.generation`. A round writes slots [S, S + m) for every row, m = 1 + the most drafts
-any row made; row b feeds its pending token and its k_b drafts and pads the rest. After
-verification row b keeps its n_b + 1 accepted inputs and the rest become gaps; the batch moves on
-to S + max(n_b + 1). :class:`BatchLayout` says which slot holds which position of which row, and
-every pass masks by it, so no row ever sees another's keys or its own gaps and each row computes
-what it would alone. Nothing is copied per round: the cache is realigned only when rows have
-finished (they leave the batch) or the gaps would overflow it.
+left-padded into slots [0, T); the prefill draws each row's first new token from p at slot T - 1,
+and that token is the row's pending one, as in :mod:`eesd_core.generation`. A round writes slots
+[S, S + m) for every row, m = 1 + the most drafts any row made; row b feeds its pending token and
+its k_b drafts and pads the rest. After verification row b keeps its n_b + 1 accepted inputs and
+the rest become gaps; the batch moves on to S + max(n_b + 1). :class:`BatchLayout` says which
+slot holds which position of which row, and every pass masks by it, so no row ever sees another's
+keys or its own gaps and each row computes what it would alone. Nothing is copied per round: the
+cache is realigned only when rows have finished (they leave the batch) or the gaps would overflow
+it.
 
 Drafting runs in lockstep: before draft i the controller is asked for every row still drafting
 (``DraftStep.row`` says which); a row it stops takes no more drafts this round. A drafter that runs
@@ -105,17 +106,8 @@ class BatchStats:
         return self.new_tokens / self.total_time if self.total_time > 0 else 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "rows": [row.to_dict() for row in self.rows],
-            "rounds": self.rounds,
-            "new_tokens": self.new_tokens,
-            "drafted": self.drafted,
-            "accepted": self.accepted,
-            "prefill_time": self.prefill_time,
-            "total_time": self.total_time,
-            "relayouts": self.relayouts,
-            "tokens_per_second": self.tokens_per_second,
-        }
+        names = "rounds new_tokens drafted accepted prefill_time total_time relayouts tokens_per_second"
+        return {"rows": [row.to_dict() for row in self.rows]} | {n: getattr(self, n) for n in names.split()}
 
 
 class BatchGeneration:
@@ -168,9 +160,7 @@ class BatchGeneration:
         if self.done:
             raise StopIteration
         with torch.inference_mode():
-            if self._started is None:
-                self._prefill()
-            committed = self._round()
+            committed = self._prefill() if self._started is None else self._round()
         now = self.decoder.clock() - self._started  # type: ignore[operator]
         self.stats.total_time = now
         for row, tokens in enumerate(committed):
@@ -191,36 +181,36 @@ class BatchGeneration:
 
     # -- prefill ----------------------------------------------------------------------------------
 
-    def _prefill(self) -> None:
+    def _prefill(self) -> list[list[int]]:
+        """Every row's whole prompt, left-padded, in one pass; each row's first new token is drawn
+        from p at its last prompt position (the batch's last slot), as a plain step draws it."""
         dec, layout = self.decoder, self.layout
         self._started = dec.clock()
         dec.prepare(len(self.lengths))
         adapter, drafter = dec.adapter, dec.drafter
-        width = max(self.lengths) - 1
+        width = max(self.lengths)
         feed = torch.zeros(len(self.lengths), width, dtype=torch.long, device=HOST)
         for row, length in enumerate(self.lengths):
-            start = width - (length - 1)
-            feed[row, start:] = self.tokens[row, : length - 1]
+            start = width - length
+            feed[row, start:] = self.tokens[row, :length]
             layout.valid[row, start:width] = True
-            layout.positions[row, start:width] = torch.arange(length - 1, device=layout.positions.device)
+            layout.positions[row, start:width] = torch.arange(length, device=layout.positions.device)
         layout.slots = width
         shared = drafter.shared_layers if self._batched else 0  # type: ignore[union-attr]
-        hidden = top = None
-        if width:
-            hidden = adapter.embed(feed.to(adapter.device))
-            positions, valid = layout.positions[:, :width], layout.valid[:, :width]
-            rotary = adapter.rotary(hidden, positions)
-            hidden = adapter.run_batch(hidden, 0, shared, self.cache, positions, valid, rotary)
-            top = adapter.run_batch(hidden, shared, adapter.num_layers, self.cache, positions, valid, rotary)
+        hidden = adapter.embed(feed.to(adapter.device))
+        positions, valid = layout.positions[:, :width], layout.valid[:, :width]
+        rotary = adapter.rotary(hidden, positions)
+        hidden = adapter.run_batch(hidden, 0, shared, self.cache, positions, valid, rotary)
+        top = adapter.run_batch(hidden, shared, adapter.num_layers, self.cache, positions, valid, rotary)
         if drafter is not None:
             call = dec.guard.call_drafter
             if self._batched:
                 self.draft_state = call("begin_batch", drafter.begin_batch, self.cache, layout, hidden)  # type: ignore[union-attr]
-                if top is not None and drafter.reads_top_states:
+                if drafter.reads_top_states:
                     call("top_states_batch", drafter.top_states_batch, self.draft_state, top, 0)  # type: ignore[union-attr]
             else:
                 self.draft_state = [
-                    call("begin", drafter.begin, self.cache, self.tokens[row, : length - 1], None)
+                    call("begin", drafter.begin, self.cache, self.tokens[row, :length], None)
                     for row, length in enumerate(self.lengths)
                 ]
             request = Request(
@@ -233,7 +223,21 @@ class BatchGeneration:
                 withdraws=self.keep is not None,
             )
             dec.guard.call_controller("start", dec.controller.start, request)
+        rows = len(self.lengths)
+        logits = adapter.logits(adapter.norm(top[:, -1:]).reshape(1, rows, -1))  # [B, V]
+        check_finite(logits, "Target")
+        p = process_logits(logits, self.sampling)
+        committed = []
+        for row in range(rows):
+            _, token = dec.guard.verify(dec.verifier, feed[row, :0], None, p[row : row + 1], self.rngs[row])
+            self.stats.rows[row].rounds += 1  # a target pass that committed one token
+            committed.append(self._commit(row, [token]))
+        self.stats.rounds += 1
         self.stats.prefill_time = dec.clock() - self._started
+        self.done = all(self.finished)
+        if not self.done:
+            self._maybe_relayout()
+        return committed
 
     # -- one round --------------------------------------------------------------------------------
 
@@ -322,18 +326,7 @@ class BatchGeneration:
             drafting = [False] * len(rows)
             for j, row in enumerate(rows):
                 if feeding[j]:
-                    d = drafts[j]
-                    last = d.tokens[-1] if d.tokens else None
-                    step = DraftStep(
-                        steps,
-                        limits[j],
-                        costs,
-                        last,
-                        d.probs[-1] if last is not None else None,
-                        d.top1[-1] if last is not None else None,
-                        d.entropies[-1] if last is not None else None,
-                        row=row,
-                    )
+                    step = DraftStep(steps, limits[j], costs, *drafts[j].last(), row=row)
                     drafting[j] = asks[limits[j]](step)
             if not any(drafting):
                 break

@@ -196,8 +196,9 @@ class SpeculativeDecoder:
         **kwargs: Any,
     ) -> Generation | BatchGeneration:
         """A :class:`Generation` (or, for a batch, a :class:`BatchGeneration`, which yields a
-        list of new tokens per row): iterate it for the tokens each round commits; its ``stats``
-        hold the totals so far. Same arguments as :meth:`generate`."""
+        list of new tokens per row): iterate it for the tokens each round commits (the first
+        item is the prefill's one token); its ``stats`` hold the totals so far. Same arguments as
+        :meth:`generate`."""
         if kwargs.get("eos_token_id") is None:
             kwargs["eos_token_id"] = self._default_eos()
         seeds = kwargs.pop("seed", None)

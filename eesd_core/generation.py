@@ -1,10 +1,12 @@
 """One generation: prefill, then rounds of draft -> verify -> accept -> roll back.
 
 The cache holds every committed token but the last one, the *pending* token, which the next round
-feeds first. A round with k drafts runs the target once over [pending, d_1..d_k] and commits
-n + 1 tokens (n accepted drafts and one token from p); a round with k = 0 is a plain decoding step
-and costs what one costs: the drafter only pushes the pending token through its N layers, which
-verification then does not run again.
+feeds first. The prefill runs the whole prompt and draws the first new token from p at its last
+position, as plain decoding does, so a call runs the target at most once per new token. A round
+with k drafts runs the target once over [pending, d_1..d_k] and commits n + 1 tokens (n accepted
+drafts and one token from p); a round with k = 0 is a plain decoding step and costs what one
+costs: the drafter only pushes the pending token through its N layers, which verification then
+does not run again.
 
 Everything a call owns lives here (tokens, caches, the drafter's state, randomness, stats), so
 several generations of one decoder can be interleaved without touching each other.
@@ -52,6 +54,12 @@ class RoundDrafts:
         self.probs.append(prob)
         self.top1.append(top)
         self.entropies.append(entropy)
+
+    def last(self) -> tuple[int | None, float | None, float | None, float | None]:
+        """The latest draft's token, q(token), top-1 probability and entropy (``None`` s if none)."""
+        if not self.tokens:
+            return None, None, None, None
+        return self.tokens[-1], self.probs[-1], self.top1[-1], self.entropies[-1]
 
     def q(self, vocab: int) -> torch.Tensor | None:
         """q of every draft ``[k, V]``, one-hot for fixed ones; ``None`` when every draft is fixed."""
@@ -165,9 +173,7 @@ class Generation:
         if self.done:
             raise StopIteration
         with torch.inference_mode():
-            if self._started is None:
-                self._prefill()
-            committed = self._round()
+            committed = self._prefill() if self._started is None else self._round()
         self.stats.total_time = self.decoder.clock() - self._started  # type: ignore[operator]
         if self.done:
             self.decoder.generation_ended(self.stats)
@@ -184,27 +190,29 @@ class Generation:
 
     # -- prefill ----------------------------------------------------------------------------------
 
-    def _prefill(self) -> None:
-        """Fill every cache with the prompt but its last token, which becomes the pending one."""
+    def _prefill(self) -> list[int]:
+        """Fill every cache with the whole prompt and commit the first new token, drawn from p at
+        the prompt's last position (a plain step's draw); that token becomes the pending one."""
         dec = self.decoder
         self._started = dec.clock()
         dec.prepare()
         adapter, drafter = dec.adapter, dec.drafter
-        tokens = self.tokens[: self.length - 1]
+        tokens = self.tokens[: self.length]
         shared = drafter.shared_layers if drafter is not None else 0
-        hidden = rotary = None
-        if tokens.numel():
-            hidden = adapter.embed(tokens.to(adapter.device))
-            rotary = adapter.rotary(hidden, 0)
-            hidden = adapter.run_layers(hidden, 0, shared, self.cache, 0, rotary)
+        hidden = adapter.embed(tokens.to(adapter.device))
+        rotary = adapter.rotary(hidden, 0)
+        hidden = adapter.run_layers(hidden, 0, shared, self.cache, 0, rotary)
         if drafter is not None:
             self.draft_state = dec.guard.call_drafter(
                 "begin", drafter.begin, self.cache, tokens, hidden if shared else None
             )
-        if hidden is not None:
-            top = adapter.run_layers(hidden, shared, adapter.num_layers, self.cache, 0, rotary)
-            if drafter is not None and drafter.reads_top_states:
-                dec.guard.call_drafter("top_states", drafter.top_states, self.draft_state, top, 0)
+        top = adapter.run_layers(hidden, shared, adapter.num_layers, self.cache, 0, rotary)
+        if drafter is not None and drafter.reads_top_states:
+            dec.guard.call_drafter("top_states", drafter.top_states, self.draft_state, top, 0)
+        logits = adapter.logits(adapter.norm(top[:, -1:]))  # [1, V]
+        check_finite(logits, "Target")
+        p = process_logits(logits, self.sampling)
+        _, token = dec.guard.verify(dec.verifier, tokens[:0], None, p, self.rng)
         if drafter is not None:
             request = Request(
                 self.prompt_length,
@@ -215,7 +223,10 @@ class Generation:
                 withdraws=self.keep is not None,
             )
             dec.guard.call_controller("start", dec.controller.start, request)
+        self.stats.rounds += 1  # a target pass that committed one token
+        committed = self._commit([token])
         self.stats.prefill_time = dec.clock() - self._started
+        return committed
 
     # -- one round --------------------------------------------------------------------------------
 

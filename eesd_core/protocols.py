@@ -221,8 +221,8 @@ class Drafter(Protocol):
 
     ``shared_layers`` is N, how many of the target's first layers the drafter runs itself over the
     target's own cache (0 for a drafter that needs no target layers). The engine runs those layers
-    over the prompt and hands their output to ``begin``, which returns the drafter's state for one
-    generation; every later call gets that state back, so generations never share drafter state.
+    over the whole prompt and hands their output to ``begin``, which returns the drafter's state
+    for one generation (every later call gets it back); the prefill then draws the first new token.
 
     In a round at ``position`` with pending token t_0, ``step(state, t_i, position + i, history)``
     feeds t_i (the pending token, then each draft) and proposes what follows; ``history`` ``[T]``

@@ -52,7 +52,8 @@ def check_lossless(
 def check_bounds(
     setup: Setup, prompt: Sequence[int], max_new_tokens: int, sampling: SamplingParams, seed: int = 0
 ) -> None:
-    """Every round stays within the draft cap and the token budget, and commits n + 1 tokens."""
+    """Every round stays within the draft cap and the token budget, and commits n + 1 tokens; the
+    first new token comes from the prefill, so the rounds start at the position after the prompt."""
     with installed(setup.subjects()) as kit:
         result = setup.build().generate(
             list(prompt),
@@ -63,7 +64,7 @@ def check_bounds(
             top_p=sampling.top_p,
             eos_token_id=[],
         )
-    committed = 0
+    committed = 1  # the prefill's token
     for r in kit.rounds:
         budget = min(setup.max_draft_tokens, max_new_tokens - committed - 1)
         if not 0 <= r.accepted <= r.drafted <= budget or len(r.tokens) != r.accepted + 1:

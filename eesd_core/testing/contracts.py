@@ -106,13 +106,14 @@ class ControllerContract:
         setup = Setup(
             model, drafter=name, drafter_options=options, controller=make_controller, max_draft_tokens=2
         )
-        check_lossless(setup, data.draw(es.prompts(model.vocab_size, 2)), 3, sampling)
+        check_lossless(setup, data.draw(es.prompts(model.vocab_size, 2)), 4, sampling)
 
     @pytest.mark.parametrize("drafter", [TOY, "early_exit"])
     def test_lossless_over_more_rounds(self, make_controller: Any, drafter: str) -> None:
-        """Four tokens, up to three drafts a round: the controller learns across rounds."""
+        """Five tokens (the prefill's, then rounds of up to three drafts): the controller learns
+        across rounds."""
         setup = Setup(bigram_model(0), drafter=drafter, controller=make_controller, max_draft_tokens=3)
-        check_lossless(setup, [1], 4, SamplingParams(1.0))
+        check_lossless(setup, [1], 5, SamplingParams(1.0))
 
     @examples(15)
     @given(model=es.toy_models(vocab_sizes=st.integers(2, 4)), drafter=_DRAFTERS, data=st.data())
@@ -134,7 +135,7 @@ class ControllerContract:
             model, drafter=name, drafter_options=options, controller=make_controller, max_draft_tokens=2
         )
         prompts = [data.draw(es.prompts(model.vocab_size, 2)) for _ in range(2)]
-        check_lossless_batch(setup, prompts, 2, sampling)
+        check_lossless_batch(setup, prompts, 3, sampling)
 
     @examples(10)
     @given(model=es.toy_models(vocab_sizes=st.integers(2, 4)), drafter=_DRAFTERS, data=st.data())
@@ -179,7 +180,7 @@ class DrafterContract:
     def test_lossless(self, make_drafter: Any, data: Any, sampling: Any, controller: Any) -> None:
         model = data.draw(es.toy_models(num_layers=self.toy_layers))
         setup = Setup(model, drafter=make_drafter, controller=lambda: replace(controller), max_draft_tokens=2)
-        check_lossless(setup, data.draw(es.prompts(model.vocab_size, 2)), 3, sampling)
+        check_lossless(setup, data.draw(es.prompts(model.vocab_size, 2)), 4, sampling)
 
     @pytest.mark.parametrize(
         ("schedule", "keeps"),
@@ -193,8 +194,8 @@ class DrafterContract:
     def test_lossless_over_more_rounds(
         self, make_drafter: Any, schedule: tuple[bool, ...], keeps: tuple[bool, ...]
     ) -> None:
-        """Four tokens, up to three drafts a round, rounds of every length; drafts taken back
-        (for a drafter that ``withdraws``)."""
+        """Five tokens (the prefill's, then rounds of up to three drafts), rounds of every length;
+        drafts taken back (for a drafter that ``withdraws``)."""
         controller = ErraticController(schedule, keeps=keeps)
         setup = Setup(
             bigram_model(1, num_layers=4),
@@ -202,7 +203,7 @@ class DrafterContract:
             controller=lambda: replace(controller),
             max_draft_tokens=3,
         )
-        check_lossless(setup, [0], 4, SamplingParams(0.8))
+        check_lossless(setup, [0], 5, SamplingParams(0.8))
 
     @examples(15)
     @given(data=st.data(), controller=es.erratic_controllers())
@@ -224,7 +225,7 @@ class DrafterContract:
         model = data.draw(es.toy_models(vocab_sizes=st.integers(2, 3), num_layers=self.toy_layers))
         setup = Setup(model, drafter=make_drafter, controller=lambda: replace(controller), max_draft_tokens=2)
         prompts = [data.draw(es.prompts(model.vocab_size, 2)) for _ in range(2)]
-        check_lossless_batch(setup, prompts, 2, sampling)
+        check_lossless_batch(setup, prompts, 3, sampling)
 
     @examples(10)
     @given(data=st.data(), controller=es.erratic_controllers())
@@ -304,11 +305,11 @@ class VerifierContract:
         setup = Setup(
             model, controller=lambda: replace(controller), verifier=make_verifier, max_draft_tokens=2
         )
-        check_lossless(setup, data.draw(es.prompts(model.vocab_size, 2)), 3, sampling)
+        check_lossless(setup, data.draw(es.prompts(model.vocab_size, 2)), 4, sampling)
 
     def test_lossless_in_the_engine_drafting_every_round(self, make_verifier: Any) -> None:
         """Fixed cases whatever examples Hypothesis draws: two drafts every round, draft tables
         that disagree with the target, so every branch of verification is taken."""
         for seed in (0, 1):
             setup = Setup(bigram_model(seed), controller=always, verifier=make_verifier, max_draft_tokens=2)
-            check_lossless(setup, [0], 3, SamplingParams(1.0))
+            check_lossless(setup, [0], 4, SamplingParams(1.0))

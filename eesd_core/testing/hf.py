@@ -61,7 +61,8 @@ def next_token_probs(model: Any, tokens: Sequence[int], sampling: SamplingParams
 def first_tokens_distribution(
     model: Any, prompt: Sequence[int], count: int, sampling: SamplingParams
 ) -> dict[tuple[int, ...], float]:
-    """Exact P(first ``count`` new tokens) under plain sampling from ``model`` (count 1 or 2)."""
+    """Exact P(first ``count`` new tokens) under plain sampling from ``model`` (it enumerates every
+    sequence: keep ``count`` small)."""
     from eesd_core.testing.oracles import autoregressive_distribution
 
     return autoregressive_distribution(lambda h: next_token_probs(model, h, sampling), prompt, count)

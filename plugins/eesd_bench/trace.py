@@ -5,8 +5,9 @@ have, so drafting ``K`` tokens at a position tells what any k <= K would have ha
 min(k, a) where a is the accepted prefix of the K drafts. :func:`record_trace` therefore decodes
 with K drafts per round but commits a single token per round (the target's own, so the output is
 still the target's greedy text): every position t of the output gets its drafts' confidences and
-their accepted prefix a_t. Costs are measured in a second short run that cycles k through
-0 .. K, and kept as the medians of the observed times.
+their accepted prefix a_t (but position 0, whose token the prefill draws with no drafts, as in
+the engine). Costs are measured in a second short run that cycles k through 0 .. K, and kept as
+the medians of the observed times.
 
 :func:`replay` then runs any controller against a :class:`Trace`: it hands the controller the
 recorded :class:`DraftStep` s, commits min(k, a_t) + 1 tokens, charges the modelled round time and
@@ -180,9 +181,10 @@ def record_prompt(decoder: Any, prompt: Sequence[int], max_new_tokens: int) -> P
         return decoder.generate(list(prompt), max_new_tokens=max_new_tokens, temperature=0.0)
 
     result, verifier = _swapped(decoder, recorder, run)
-    positions = tuple(
+    # the first token is the prefill's, drawn with no drafts: its position has none
+    positions = (Position(0, 0),) + tuple(
         Position(o.drafted, n, o.top1, o.probs, o.entropies)
-        for n, o in zip(verifier.accepted, recorder.outcomes, strict=True)
+        for n, o in zip(verifier.accepted[1:], recorder.outcomes, strict=True)
     )
     tokens = tuple(result.sequences[0, len(prompt) :].tolist())
     return PromptTrace(len(prompt), tokens, positions[: len(tokens)])

@@ -84,9 +84,12 @@ class _Recorder:
 
 
 def _first_round(history: list[int], answers: list[bool], cap: int = 8) -> tuple[list[int], list[DraftStep]]:
-    """The drafts of the engine's first round after ``history`` and the steps the controller saw."""
+    """The drafts of the engine's first round after ``history`` and the steps the controller saw.
+
+    The prompt is ``history`` but its last token, which the target (greedy, always that token)
+    then commits in the prefill, so the first round looks up ``history``."""
     script, recorder = _Script(answers), _Recorder()
-    model = ToyModel(torch.ones(1, 12), window=0)
+    model = ToyModel((torch.eye(12)[history[-1]] + 0.5)[None], window=0)
     setup = Setup(
         model,
         drafter="prompt_lookup",
@@ -95,10 +98,12 @@ def _first_round(history: list[int], answers: list[bool], cap: int = 8) -> tuple
         max_draft_tokens=cap,
     )
     with installed(setup.subjects()) as kit:
-        setup.build().generate(history, max_new_tokens=cap + 1, eos_token_id=[])
+        out = setup.build().generate(history[:-1], max_new_tokens=cap + 2, eos_token_id=[])
+    assert out.sequences[0, : len(history)].tolist() == history
     steps = script.rounds[0]
     first = kit.rounds[0]
-    drafts, q = recorder.seen[0]
+    assert recorder.seen[0] == ([], None)  # the prefill's draw
+    drafts, q = recorder.seen[1]
     assert q is None and [s.token for s in steps[1:]] == drafts[: len(steps) - 1]
     assert first.drafted == len(drafts) and first.probs == (1.0,) * len(drafts)
     assert first.top1 == (1.0,) * len(drafts) and first.entropies == (0.0,) * len(drafts)

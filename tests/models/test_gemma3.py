@@ -95,9 +95,9 @@ def test_sampled_generations_follow_the_target_exactly() -> None:
         controller="fixed",
         max_draft_tokens=2,
     )
-    sampling = SamplingParams(1.0, top_k=4)
-    actual = engine_distribution(setup, prompt, 3, sampling)
-    assert_distributions_equal(actual, first_tokens_distribution(model, prompt, 3, sampling))
+    sampling = SamplingParams(1.0, top_k=3)
+    actual = engine_distribution(setup, prompt, 4, sampling)
+    assert_distributions_equal(actual, first_tokens_distribution(model, prompt, 4, sampling))
 
 
 def _truncated(adapter, tokens: torch.Tensor, layers: int) -> torch.Tensor:  # noqa: ANN001

@@ -46,7 +46,7 @@ def test_generations_follow_the_target(model, sampling, drafter, controller, cap
         max_draft_tokens=cap,
     )
     eos = data.draw(st.sampled_from([(), (0,), (model.vocab_size - 1,)]))
-    check_lossless(setup, data.draw(es.prompts(model.vocab_size, 2)), 3, sampling, eos)
+    check_lossless(setup, data.draw(es.prompts(model.vocab_size, 2)), 4, sampling, eos)
 
 
 @settings(max_examples=60)
@@ -69,12 +69,13 @@ def test_greedy_generations_are_the_targets(model, drafter, controller, data):
 
 
 def test_a_longer_horizon_with_many_drafts():
-    """Four tokens over three symbols with up to three drafts a round: thousands of generations."""
+    """Five tokens over three symbols (the prefill's, then rounds of up to three drafts): thousands
+    of generations."""
     torch.manual_seed(3)
     model = ToyModel(torch.rand(4, 3), torch.rand(4, 3), window=1, num_layers=3)
     for name in [TOY, "early_exit"]:
         setup = Setup(model, drafter=name, controller=always, max_draft_tokens=3)
-        check_lossless(setup, [2], 4, SamplingParams(0.9, top_k=2))
+        check_lossless(setup, [2], 5, SamplingParams(0.9, top_k=2))
 
 
 def test_an_engine_that_forgets_to_roll_back_is_caught(monkeypatch):
@@ -84,7 +85,7 @@ def test_an_engine_that_forgets_to_roll_back_is_caught(monkeypatch):
     monkeypatch.setattr(Generation, "_rollback", rollback)
     model = ToyModel(torch.tensor([[1.0, 2.0], [3.0, 1.0], [1.0, 1.0]]), torch.ones(3, 2), window=1)
     with pytest.raises(ToyInvariantError, match="rolled back"):
-        engine_distribution(Setup(model, drafter="early_exit", controller=always), [0], 3)
+        engine_distribution(Setup(model, drafter="early_exit", controller=always), [0], 4)
 
 
 def test_a_controller_with_its_own_unseeded_randomness_is_reported():
@@ -97,7 +98,7 @@ def test_a_controller_with_its_own_unseeded_randomness_is_reported():
     model = ToyModel(torch.tensor([[1.0, 2.0]]), torch.tensor([[2.0, 1.0]]), window=0)
     with pytest.raises(ReplayError, match="cannot replay"):
         for _ in range(10):
-            engine_distribution(Setup(model, controller=Moody, max_draft_tokens=3), [0], 4)
+            engine_distribution(Setup(model, controller=Moody, max_draft_tokens=3), [0], 5)
 
 
 @pytest.mark.parametrize("name", [TOY, "early_exit"])
@@ -109,4 +110,4 @@ def test_batches_that_take_drafts_back_follow_the_target(name):
         torch.manual_seed(seed)
         model = ToyModel(torch.rand(4, 3), torch.rand(4, 3), window=1, num_layers=3)
         setup = Setup(model, drafter=name, controller=lambda: replace(controller), max_draft_tokens=2)
-        check_lossless_batch(setup, [[1], [2, 0]], 2, SamplingParams(1.0))
+        check_lossless_batch(setup, [[1], [2, 0]], 3, SamplingParams(1.0))

@@ -61,8 +61,10 @@ class _BadDrafter(EarlyExitDrafter):
 
 
 class _GreedyVerifier:
+    """Claims one token more than was drafted (but draws the prefill's token honestly)."""
+
     def verify(self, draft_tokens, q, p, rng):  # noqa: ANN001, ANN201
-        return len(draft_tokens) + 1, 3
+        return len(draft_tokens) + (len(draft_tokens) > 0), 3
 
 
 class _Plugin:

@@ -1,0 +1,62 @@
+"""A call runs the target at most once per new token: the prefill draws the first token itself."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tinymodels import make_tiny
+
+from eesd_core import SpeculativeDecoder
+
+
+def _count_target_passes(dec: SpeculativeDecoder) -> list[int]:
+    """Count the adapter's calls that run the target's last layer (one per target pass)."""
+    adapter, calls = dec.adapter, [0]
+    for name in ("run_layers", "run_batch"):
+        original = getattr(adapter, name)
+
+        def counted(hidden, start, end, *args, _original=original, **kwargs):
+            calls[0] += end == adapter.num_layers and end > start
+            return _original(hidden, start, end, *args, **kwargs)
+
+        setattr(adapter, name, counted)
+    return calls
+
+
+@pytest.mark.parametrize("new_tokens", [1, 2, 9])
+def test_plain_decoding_runs_the_target_once_per_new_token(new_tokens) -> None:
+    model = make_tiny("llama", 3, layers=3)
+    dec = SpeculativeDecoder(model, drafter=None)
+    calls = _count_target_passes(dec)
+    prompt = [5, 9, 4, 17, 3]
+    out = dec.generate(prompt, max_new_tokens=new_tokens, eos_token_id=[])
+    assert calls[0] == new_tokens
+    assert out.stats.rounds == new_tokens and out.stats.mean_accepted_tokens == 1.0
+    reference = model.generate(
+        torch.tensor([prompt]), max_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0
+    )
+    assert out.sequences[0].tolist() == reference[0].tolist()
+
+
+def test_a_batch_runs_the_target_once_per_new_token() -> None:
+    model = make_tiny("qwen2", 4, layers=3)
+    dec = SpeculativeDecoder(model, drafter=None)
+    calls = _count_target_passes(dec)
+    prompts = [[5, 9, 4, 17, 3], [8, 1], [30]]
+    out = dec.generate(prompts, max_new_tokens=6, eos_token_id=[])
+    assert calls[0] == 6
+    assert out.stats.rounds == 6
+    assert [row.rounds for row in out.stats.rows] == [6, 6, 6]
+
+
+def test_one_new_token_asks_the_controller_nothing() -> None:
+    """The first token comes from the prefill, so a one-token call makes no round to decide."""
+    model = make_tiny("llama", 5, layers=4)
+    dec = SpeculativeDecoder(model, drafter_options={"exit_layer": 2, "head": None}, max_draft_tokens=3)
+    asked, updated = [], []
+    original, update = dec.controller.should_continue, dec.controller.update
+    dec.controller.should_continue = lambda step: asked.append(step) or original(step)
+    dec.controller.update = lambda outcome: updated.append(outcome) or update(outcome)
+    out = dec.generate([5, 9, 4], max_new_tokens=1, eos_token_id=[])
+    assert len(out.sequences[0]) == 4 and out.stats.drafted == 0
+    assert asked == [] and updated == []
