@@ -29,8 +29,9 @@ import time
 from pathlib import Path
 
 
-def encode(model: str, count: int, seed: int) -> tuple[str, list[list[int]]]:
-    """Spec-Bench prompts through the model's chat template (categories in turn)."""
+def encode(model: str, count: int, seed: int, questions: str | None = None) -> tuple[str, list[list[int]]]:
+    """Prompts through the model's chat template: Spec-Bench's (a seeded sample, categories in
+    turn), or the first ``count`` of a questions file in Spec-Bench's format, in file order."""
     from eesd_bench.prompts import DEFAULT_QUESTIONS, load_questions, select
     from transformers import AutoTokenizer
 
@@ -39,6 +40,8 @@ def encode(model: str, count: int, seed: int) -> tuple[str, list[list[int]]]:
 
     path = str(resolve_model(model))
     tokenizer = AutoTokenizer.from_pretrained(path)
+    if questions is not None:
+        return path, [encode_prompt(tokenizer, q.text) for q in load_questions(questions)[:count]]
     chosen = select(load_questions(DEFAULT_QUESTIONS), max(1, -(-count // 13)), seed)
     by_category: dict[str, list] = {}
     for q in chosen:
@@ -137,6 +140,9 @@ def main() -> int:
     parser.add_argument("--methods", nargs="+", default=["plain", "ngram", "eesd"])
     parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 4, 16])
     parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument(
+        "--questions", default=None, help="a questions file (Spec-Bench's format) instead of Spec-Bench's"
+    )
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--k", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=2)
@@ -157,7 +163,7 @@ def main() -> int:
     if args.worker:
         worker(args)
         return 0
-    path, prompts = encode(args.model, args.prompts, args.seed)
+    path, prompts = encode(args.model, args.prompts, args.seed, args.questions)
     draft_path = None
     if "draft" in args.methods:
         from eesd_core.registry import resolve_model
