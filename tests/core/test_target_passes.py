@@ -60,3 +60,22 @@ def test_one_new_token_asks_the_controller_nothing() -> None:
     out = dec.generate([5, 9, 4], max_new_tokens=1, eos_token_id=[])
     assert len(out.sequences[0]) == 4 and out.stats.drafted == 0
     assert asked == [] and updated == []
+
+
+@pytest.mark.parametrize("drafter", ["early_exit", "prompt_lookup"])
+def test_a_row_that_ends_at_its_first_token_leaves_the_batch_after_the_prefill(drafter) -> None:
+    """Row 0's first token is an EOS, drawn by the prefill: it leaves the batch before any round
+    (the batch is realigned at once) and the other rows still equal their solo generations."""
+    model = make_tiny("llama", 6, layers=4)
+    options = {"exit_layer": 2, "head": None} if drafter == "early_exit" else {}
+    dec = SpeculativeDecoder(
+        model, drafter=drafter, drafter_options=options, controller="fixed", controller_options={"k": 2}
+    )
+    prompts = [[5, 9, 4, 17, 3], [8, 1], [30, 31, 32], [7]]
+    eos = int(dec.generate(prompts[0], max_new_tokens=1, eos_token_id=[]).sequences[0, -1])
+    solo = [dec.generate(p, max_new_tokens=8, eos_token_id=[eos]).sequences[0].tolist() for p in prompts]
+    assert len(solo[0]) == len(prompts[0]) + 1  # row 0 ends at its first token
+    assert any(len(s) > len(p) + 2 for s, p in zip(solo[1:], prompts[1:], strict=True))
+    out = dec.generate(prompts, max_new_tokens=8, eos_token_id=[eos])
+    assert [row.tolist() for row in out.sequences] == solo
+    assert out.stats.rows[0].rounds == 1 and out.stats.relayouts >= 1
