@@ -28,7 +28,7 @@ import torch
 from eesd_core.config import GenerationConfig
 from eesd_core.devices import HOST
 from eesd_core.errors import ConfigError
-from eesd_core.generation import RoundDrafts, acceptance_chance, draw_unless_withdrawn
+from eesd_core.generation import RoundDrafts, acceptance_chance, draw_unless_withdrawn, target_probs
 from eesd_core.protocols import (
     Draft,
     DraftStep,
@@ -38,7 +38,6 @@ from eesd_core.protocols import (
     SamplingParams,
     Withdrawn,
 )
-from eesd_core.sampling import check_finite, process_logits
 from eesd_core.stats import GenerationStats
 
 if TYPE_CHECKING:
@@ -224,9 +223,7 @@ class BatchGeneration:
             )
             dec.guard.call_controller("start", dec.controller.start, request)
         rows = len(self.lengths)
-        logits = adapter.logits(adapter.norm(top[:, -1:]).reshape(1, rows, -1))  # [B, V]
-        check_finite(logits, "Target")
-        p = process_logits(logits, self.sampling)
+        p = target_probs(adapter, top[:, -1:].reshape(1, rows, -1), self.sampling)  # [B, V]
         committed = []
         for row in range(rows):
             _, token = dec.guard.verify(dec.verifier, feed[row, :0], None, p[row : row + 1], self.rngs[row])
@@ -419,9 +416,8 @@ class BatchGeneration:
         positions, valid = layout.positions[:, start:end], layout.valid[:, :end]
         top = adapter.run_batch(hidden, first, adapter.num_layers, self.cache, positions, valid)
         rows = top.shape[0]
-        logits = adapter.logits(adapter.norm(top).reshape(1, rows * m, -1))  # [B * m, V]
-        check_finite(logits, "Target")
-        return process_logits(logits, self.sampling).view(rows, m, -1), top
+        p = target_probs(adapter, top.reshape(1, rows * m, -1), self.sampling)  # [B * m, V]
+        return p.view(rows, m, -1), top
 
     def _rollback(self, rows: list[int], start: int, m: int, results: list[tuple[int, int]]) -> None:
         """Keep each row's accepted inputs; the batch moves on past the longest."""

@@ -139,6 +139,13 @@ def acceptance_chance(draft: Draft, q: torch.Tensor | None, p: torch.Tensor) -> 
     return float(torch.minimum(p, q.to(p.dtype)).sum())
 
 
+def target_probs(adapter: Any, top: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
+    """The target's p ``[n, V]`` from its last-layer states ``[1, n, H]`` (checked finite)."""
+    logits = adapter.logits(adapter.norm(top))
+    check_finite(logits, "Target")
+    return process_logits(logits, sampling)
+
+
 class Generation:
     """Iterate for the tokens each round commits; ``stats`` holds the totals so far."""
 
@@ -209,9 +216,7 @@ class Generation:
         top = adapter.run_layers(hidden, shared, adapter.num_layers, self.cache, 0, rotary)
         if drafter is not None and drafter.reads_top_states:
             dec.guard.call_drafter("top_states", drafter.top_states, self.draft_state, top, 0)
-        logits = adapter.logits(adapter.norm(top[:, -1:]))  # [1, V]
-        check_finite(logits, "Target")
-        p = process_logits(logits, self.sampling)
+        p = target_probs(adapter, top[:, -1:], self.sampling)  # [1, V]
         _, token = dec.guard.verify(dec.verifier, tokens[:0], None, p, self.rng)
         if drafter is not None:
             request = Request(
@@ -322,9 +327,7 @@ class Generation:
             hidden = adapter.embed(self.tokens[position : position + k + 1].to(adapter.device))
         dec.guard.check_cache(self.cache, start, position, k)
         top = adapter.run_layers(hidden, start, adapter.num_layers, self.cache, position)
-        logits = adapter.logits(adapter.norm(top))  # [k+1, V]
-        check_finite(logits, "Target")
-        return process_logits(logits, self.sampling), top
+        return target_probs(adapter, top, self.sampling), top  # [k+1, V]
 
     def _rollback(self, length: int) -> None:
         self.cache.crop(length)
