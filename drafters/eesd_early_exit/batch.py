@@ -93,9 +93,8 @@ class BatchDrafting:
         state.exit_slots = min(state.exit_slots, slots)
         state.exit_cache.crop(state.exit_slots)
         keep = slots - state.exit_slots
-        if state.deferred:
-            backlog = torch.cat(state.deferred, dim=1)
-            state.deferred = [backlog[:, :keep]] if keep else []
+        if keep < sum(t.shape[1] for t in state.deferred):  # a round with nothing to cut copies nothing
+            state.deferred = [torch.cat(state.deferred, dim=1)[:, :keep]] if keep else []
 
     def relayout_batch(self, state: BatchExitState, rows: torch.Tensor, index: torch.Tensor) -> None:
         # the engine realigns its layout and the target's cache after this: run the backlog first
