@@ -26,16 +26,27 @@ stays lossless, and greedy output is checked against transformers' token for tok
 An adapter applies its :class:`MatmulPlan` itself, pass by pass: a pass over a planned number of
 rows runs inside a :class:`LinearRouter` of the modules it uses, which sends each ``nn.Linear``
 through the planned product; any other pass runs exactly as it would without a plan.
+
+Calibrating takes time (about 45 s for Qwen2.5-1.5B and m = 1 .. 9 on a 2-core CPU), so the
+decisions are also kept on disk (:func:`decisions_dir`), one file per machine, torch version,
+thread count and set of matrix shapes, and a later process on the same machine reads them instead
+of timing again. Delete the folder to measure again.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
+import os
+import platform
 import statistics
 import time
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -389,10 +400,17 @@ def plan_for(adapter: Any, mode: str, max_rows: int) -> MatmulPlan:
         return MatmulPlan()
     known = _DECISIONS.setdefault(adapter.model, {}).setdefault(torch.get_num_threads(), {})
     missing = [m for m in range(1, max_rows + 1) if m not in known]
+    store = _store_file(adapter) if missing else None
+    if store is not None:
+        for m, decision in _read_decisions(store).items():
+            known.setdefault(m, decision)
+        missing = [m for m in missing if m not in known]
     if missing:
         measured = calibrate(adapter, max(missing), only=missing)
         for m in missing:
             known[m] = (m in measured.rows, measured.timings.get(m), measured.product(m))
+        if store is not None:
+            _write_decisions(store, known)
     rows = range(1, max_rows + 1)
     timings = {m: known[m][1] for m in rows if known[m][1] is not None}
     planned = frozenset(m for m in rows if known[m][0])
@@ -400,3 +418,54 @@ def plan_for(adapter: Any, mode: str, max_rows: int) -> MatmulPlan:
     return MatmulPlan(
         planned, timings, onednn, {m: known[m][2] for m in planned if not isinstance(known[m][2], str)}
     )
+
+
+def decisions_dir() -> Path | None:
+    """Where calibrations are kept across processes: ``$EESD_PRODUCTS_DIR``, else ``products/`` in
+    eesd's cache (``$EESD_CACHE_DIR``, else ``$XDG_CACHE_HOME/eesd``, else ``~/.cache/eesd``);
+    ``EESD_PRODUCTS_DIR=off`` keeps them in the process only."""
+    chosen, xdg = os.environ.get("EESD_PRODUCTS_DIR"), os.environ.get("XDG_CACHE_HOME")
+    if chosen:
+        return None if chosen == "off" else Path(chosen).expanduser()
+    cache = os.environ.get("EESD_CACHE_DIR") or (Path(xdg) / "eesd" if xdg else Path.home() / ".cache/eesd")
+    return Path(cache).expanduser() / "products"
+
+
+def _store_file(adapter: Any) -> Path | None:
+    """The file of this machine's decisions for passes of the adapter's model, or None."""
+    folder, info = decisions_dir(), Path("/proc/cpuinfo")
+    if folder is None:
+        return None
+    lines = info.read_text(errors="replace").splitlines() if info.is_file() else []
+    cpu = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "")
+    roots = [*getattr(adapter, "_layers", [])[:1], adapter.model.lm_head]
+    shapes = sorted({tuple(m.weight.shape) for root in roots for m in root.modules() if type(m) is nn.Linear})
+    machine = [cpu or platform.processor() or platform.machine(), os.cpu_count(), torch.get_num_threads()]
+    key = [*machine, torch.__version__, str(adapter.dtype), int(adapter.num_layers), shapes, SAMPLE_BYTES]
+    return folder / (hashlib.sha256(json.dumps(key).encode()).hexdigest()[:24] + ".json")
+
+
+def _product_of(kind: Any) -> Product:
+    return kind if isinstance(kind, str) else tuple((tuple(s) if s else None, k) for s, k in kind)
+
+
+def _read_decisions(path: Path) -> dict[int, tuple[bool, Any, Product]]:
+    """Decisions kept in ``path``; none if it is missing or unreadable (then they are measured)."""
+    try:
+        raw = json.loads(path.read_text())
+        return {int(m): (bool(p), tuple(t) if t else None, _product_of(k)) for m, (p, t, k) in raw.items()}
+    except (OSError, ValueError, TypeError):
+        return {}
+
+
+def _write_decisions(path: Path, known: dict[int, tuple[bool, Any, Product]]) -> None:
+    """Keep ``known`` in ``path``, written whole or not at all; a folder that cannot be written
+    leaves the decisions to this process."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary.write_text(json.dumps({str(m): list(decision) for m, decision in sorted(known.items())}))
+        os.replace(temporary, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            temporary.unlink()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -23,6 +25,26 @@ from eesd_core.models.products import (
 
 ONEDNN = onednn_serves(torch.float32, torch.device("cpu"))
 needs_onednn = pytest.mark.skipif(not ONEDNN, reason="this torch has no oneDNN linear for float32 on the CPU")
+
+
+@pytest.fixture(autouse=True)
+def own_decisions(tmp_path, monkeypatch: pytest.MonkeyPatch):
+    """Each test keeps calibrations in a folder of its own, so none reads another's."""
+    monkeypatch.setenv("EESD_PRODUCTS_DIR", str(tmp_path / "products"))
+    return tmp_path / "products"
+
+
+def calibrations(monkeypatch: pytest.MonkeyPatch) -> list[list[int]]:
+    """The row counts of every calibration from now on."""
+    measured: list[list[int]] = []
+    real = products.calibrate
+
+    def spy(adapter, max_rows, **kwargs):  # noqa: ANN001, ANN202
+        measured.append(sorted(kwargs.get("only") or range(1, max_rows + 1)))
+        return real(adapter, max_rows, **kwargs)
+
+    monkeypatch.setattr(products, "calibrate", spy)
+    return measured
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 9])
@@ -131,19 +153,77 @@ def test_auto_calibrates_once_per_model_and_threads() -> None:
 def test_a_longer_plan_measures_only_the_row_counts_it_adds(monkeypatch: pytest.MonkeyPatch) -> None:
     """A plain decoder (m = 1) and a drafting one (m = 1..4) on one model decide m = 1 once."""
     adapter = find_adapter(make_tiny("llama", 1, dtype=torch.float32))
-    measured: list[list[int]] = []
-    real = products.calibrate
-
-    def spy(adapter, max_rows, **kwargs):  # noqa: ANN001, ANN202
-        measured.append(sorted(kwargs.get("only") or range(1, max_rows + 1)))
-        return real(adapter, max_rows, **kwargs)
-
-    monkeypatch.setattr(products, "calibrate", spy)
+    measured = calibrations(monkeypatch)
     one = plan_for(adapter, "auto", 1)
     four = plan_for(adapter, "auto", 4)
     assert measured == [[1], [2, 3, 4]]
     assert four.timings[1] == one.timings[1] and (1 in four.rows) == (1 in one.rows)
 
+
+
+def test_a_new_process_reads_the_decisions_instead_of_measuring(monkeypatch, own_decisions) -> None:  # noqa: ANN001
+    """Calibrations are kept on disk: a process that has not measured a model reads them, and
+    measures only the row counts they lack."""
+    model = make_tiny("llama", 2, dtype=torch.float32)
+    measured = calibrations(monkeypatch)
+    first = plan_for(find_adapter(model), "auto", 3)
+    assert measured == [[1, 2, 3]] and len(list(own_decisions.glob("*.json"))) == 1
+    products._DECISIONS.clear()  # what a new process starts with
+    again = plan_for(find_adapter(model), "auto", 4)
+    assert measured == [[1, 2, 3], [4]]
+    assert {m: again.timings[m] for m in (1, 2, 3)} == first.timings and again.rows & {1, 2, 3} == first.rows
+    products._DECISIONS.clear()
+    assert plan_for(find_adapter(model), "auto", 4) == again and measured == [[1, 2, 3], [4]]
+
+
+def test_decisions_are_kept_per_shape_and_thread_count(monkeypatch, own_decisions) -> None:  # noqa: ANN001
+    measured = calibrations(monkeypatch)
+    plan_for(find_adapter(make_tiny("llama", 3, dtype=torch.float32)), "auto", 1)
+    plan_for(find_adapter(make_tiny("llama", 3, dtype=torch.float32, intermediate_size=96)), "auto", 1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads + 1)
+    try:
+        plan_for(find_adapter(make_tiny("llama", 3, dtype=torch.float32)), "auto", 1)
+    finally:
+        torch.set_num_threads(threads)
+    assert measured == [[1], [1], [1]] and len(list(own_decisions.glob("*.json"))) == 3
+
+
+def test_an_unreadable_file_is_measured_again_and_replaced(monkeypatch, own_decisions) -> None:  # noqa: ANN001
+    model = make_tiny("llama", 4, dtype=torch.float32)
+    measured = calibrations(monkeypatch)
+    plan_for(find_adapter(model), "auto", 2)
+    (kept,) = own_decisions.glob("*.json")
+    kept.write_text('{"1": [true, ')  # cut short
+    products._DECISIONS.clear()
+    plan = plan_for(find_adapter(model), "auto", 2)
+    assert measured == [[1, 2], [1, 2]]
+    assert json.loads(kept.read_text()).keys() == {"1", "2"} and set(plan.timings) == {1, 2}
+    assert [p.name for p in own_decisions.iterdir()] == [kept.name], "no temporary file is left"
+
+
+def test_decisions_stay_in_the_process_when_asked_or_when_the_folder_is_not_writable(
+    monkeypatch, tmp_path  # noqa: ANN001
+) -> None:
+    model = make_tiny("llama", 5, dtype=torch.float32)
+    monkeypatch.setenv("EESD_PRODUCTS_DIR", "off")
+    assert products.decisions_dir() is None
+    plan_for(find_adapter(model), "auto", 1)
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder")
+    monkeypatch.setenv("EESD_PRODUCTS_DIR", str(blocked / "products"))
+    products._DECISIONS.clear()
+    assert set(plan_for(find_adapter(model), "auto", 2).timings) == {1, 2}
+    assert list(tmp_path.iterdir()) == [blocked]
+
+
+def test_the_default_folder_is_in_eesds_cache(monkeypatch, tmp_path) -> None:  # noqa: ANN001
+    monkeypatch.delenv("EESD_PRODUCTS_DIR")
+    monkeypatch.setenv("EESD_CACHE_DIR", str(tmp_path / "cache"))
+    assert products.decisions_dir() == tmp_path / "cache" / "products"
+    monkeypatch.delenv("EESD_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert products.decisions_dir() == tmp_path / "xdg" / "eesd" / "products"
 
 class _Clock:
     """A clock under which a pass costs ``cost(transposed, passes so far)`` and nothing else."""
