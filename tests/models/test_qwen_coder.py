@@ -2,9 +2,10 @@
 
 The model is a 1.1 GB download and a 7.1 GB float32 checkpoint, so the suite does not fetch it:
 these tests run where ``eesd models fetch qwen2.5-coder-1.5b-instruct`` has been run, and say so
-when they skip. Two short code prompts keep them to a few minutes on a 2-core CPU. The products of
-short passes are calibrated once per machine and kept where eesd keeps them for users (the first
-run spends about a minute and a half timing passes of this model, later runs none).
+when they skip. Two short code prompts keep them to a few minutes on a 2-core CPU, with torch's
+threads on every core as users run it. The products of short passes are calibrated once per
+machine and kept where eesd keeps them for users (the first run spends about a minute timing
+passes of this model, later runs none).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.usefixtures("user_product_decisions")]
+pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.usefixtures("real_checkpoint")]
 
 NAME = "qwen2.5-coder-1.5b-instruct"
 PROMPTS = [

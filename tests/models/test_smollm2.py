@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytestmark = [pytest.mark.model, pytest.mark.slow]
+pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.usefixtures("real_checkpoint")]
 
 PROMPTS = [
     "Write a Python function that reverses a string.",
