@@ -5,6 +5,8 @@ Every model forbids unknown keys, so a typo is an error that names the key, neve
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -12,6 +14,17 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from eesd_core.errors import ConfigError, InputError
 
 MAX_DRAFT_TOKENS_LIMIT = 64
+
+
+def default_cache_dir() -> Path:
+    """Where eesd keeps files (fetched models, calibrations): ``$EESD_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/eesd``, else ``~/.cache/eesd``. Empty variables count as unset, as the XDG
+    specification asks."""
+    if os.environ.get("EESD_CACHE_DIR"):
+        return Path(os.environ["EESD_CACHE_DIR"]).expanduser()
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "eesd"
+    return Path.home() / ".cache" / "eesd"
 
 
 class PluginOptions(BaseModel):

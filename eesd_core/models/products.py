@@ -422,13 +422,14 @@ def plan_for(adapter: Any, mode: str, max_rows: int) -> MatmulPlan:
 
 def decisions_dir() -> Path | None:
     """Where calibrations are kept across processes: ``$EESD_PRODUCTS_DIR``, else ``products/`` in
-    eesd's cache (``$EESD_CACHE_DIR``, else ``$XDG_CACHE_HOME/eesd``, else ``~/.cache/eesd``);
-    ``EESD_PRODUCTS_DIR=off`` keeps them in the process only."""
-    chosen, xdg = os.environ.get("EESD_PRODUCTS_DIR"), os.environ.get("XDG_CACHE_HOME")
+    eesd's cache (:func:`~eesd_core.config.default_cache_dir`); ``EESD_PRODUCTS_DIR=off`` keeps
+    them in the process only."""
+    from eesd_core.config import default_cache_dir
+
+    chosen = os.environ.get("EESD_PRODUCTS_DIR")
     if chosen:
         return None if chosen == "off" else Path(chosen).expanduser()
-    cache = os.environ.get("EESD_CACHE_DIR") or (Path(xdg) / "eesd" if xdg else Path.home() / ".cache/eesd")
-    return Path(cache).expanduser() / "products"
+    return default_cache_dir() / "products"
 
 
 def _store_file(adapter: Any) -> Path | None:

