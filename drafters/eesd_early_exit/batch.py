@@ -172,7 +172,24 @@ class BatchDrafting:
         top = self._tops_before_batch(state, start, count) if self.reads_top_states else None
         layout = state.layout
         positions, valid = layout.positions[:, start : start + count], layout.valid[:, : start + count]
-        self.head.hidden(backlog, positions, state.exit_cache, None, top, valid)
+        groups = packed_groups(valid) if start == 0 else None
+        if groups is None:
+            self.head.hidden(backlog, positions, state.exit_cache, None, top, valid)
+        else:  # mostly left padding (ragged prompts): each group of rows runs its own slots only
+            parts = []
+            for rows, first in groups:
+                part = self.head.new_cache()
+                pick = rows.to(backlog.device)
+                self.head.hidden(
+                    backlog.index_select(0, pick)[:, first:],
+                    positions.index_select(0, rows.to(positions.device))[:, first:],
+                    part,
+                    None,
+                    None if top is None else top.index_select(0, pick)[:, first:],
+                    valid.index_select(0, rows.to(valid.device))[:, first:],
+                )
+                parts.append((part, rows, first))
+            assemble(state.exit_cache, parts, len(valid), count)
         state.exit_slots, state.deferred = start + count, []
 
     def _tops_before_batch(self, state: BatchExitState, start: int, count: int) -> torch.Tensor:
@@ -190,6 +207,49 @@ class BatchDrafting:
         gathered = state.tops.gather(1, take[:, :, None].expand(-1, -1, state.tops.shape[2]))
         normed = self.head.top_state(gathered)
         return normed.masked_fill((previous < 0).to(normed.device)[:, :, None], 0.0)
+
+
+def packed_groups(valid: torch.Tensor, slack: float = 1.25) -> list[tuple[torch.Tensor, int]] | None:
+    """Rows of ``valid`` ``[B, S]`` in groups that each run slots ``first ..`` only, so that a pass
+    skips most of the left padding of ragged prompts: rows sorted by their first valid slot join a
+    group while its area stays within ``slack`` times the slots its rows hold from their first
+    valid one. None when one group would cover every slot of every row (nothing to skip)."""
+    rows, width = valid.shape
+    slots = torch.arange(width, device=valid.device)
+    first = torch.where(valid, slots, width).min(dim=1).values.clamp_max(width - 1).tolist()
+    order = sorted(range(rows), key=lambda r: first[r])
+    groups: list[tuple[list[int], int]] = []
+    held = 0
+    for row in order:
+        if groups:
+            members, start = groups[-1]
+            if (len(members) + 1) * (width - start) <= slack * (held + width - first[row]):
+                members.append(row)
+                held += width - first[row]
+                continue
+        groups.append(([row], first[row]))
+        held = width - first[row]
+    if len(groups) == 1 and groups[0][1] == 0:
+        return None
+    return [(torch.tensor(members, dtype=torch.long), start) for members, start in groups]
+
+
+def assemble(cache: KVCache, parts: list[tuple[KVCache, torch.Tensor, int]], rows: int, length: int) -> None:
+    """Fill ``cache``, empty until now, with ``rows`` rows of ``length`` slots from ``parts``: each
+    a cache of batch rows ``rows`` holding their slots ``start .. length``. Slots no part holds
+    are zeros (padding, masked by whoever reads them, but never garbage)."""
+    for layer in range(cache.num_layers):
+        for name in ("keys", "values"):
+            held = [(getattr(part, name)[layer], which, start) for part, which, start in parts]
+            like = next((t for t, _, _ in held if t is not None), None)
+            if like is None:
+                continue
+            buffer = like.new_zeros((rows, like.shape[1], max(cache.capacity, length), like.shape[3]))
+            for t, which, start in held:
+                if t is not None:
+                    buffer[which.to(buffer.device), :, start:length] = t[:, :, : length - start]
+            getattr(cache, name)[layer] = buffer
+        cache.lengths[layer] = length
 
 
 def stacked(caches: list[KVCache], width: int, capacity: int) -> KVCache:

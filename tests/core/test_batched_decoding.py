@@ -308,3 +308,52 @@ def test_rows_that_take_drafts_back_make_their_solo_rounds(model, heads, name) -
                 assert a.withdrawn.top1 == pytest.approx(b.withdrawn.top1, abs=1e-9)
                 assert a.withdrawn.acceptance == b.withdrawn.acceptance
     assert withdrawn >= 3 and out.stats.accepted > 0
+
+
+def test_packed_groups_skip_left_padding() -> None:
+    from eesd_early_exit.batch import packed_groups
+
+    lengths = (12, 1, 11, 3, 2)
+    valid = torch.zeros(5, 12, dtype=torch.bool)
+    for row, n in enumerate(lengths):
+        valid[row, 12 - n :] = True
+    groups = packed_groups(valid)
+    assert groups is not None
+    assert sorted(r for rows, _ in groups for r in rows.tolist()) == [0, 1, 2, 3, 4]
+    for rows, first in groups:  # a group starts at its longest row's first slot
+        assert first == min(12 - lengths[r] for r in rows.tolist())
+    area = sum(len(rows) * (12 - first) for rows, first in groups)
+    assert area <= 1.25 * sum(lengths) < 5 * 12
+    assert packed_groups(torch.ones(3, 8, dtype=torch.bool)) is None  # nothing to skip
+
+
+@pytest.mark.parametrize("name", ["exit", "top"])
+def test_packed_flush_writes_what_a_padded_pass_writes(model, heads, name, monkeypatch) -> None:
+    """The exit layers' first run over ragged prompts goes group by group over each group's own
+    slots; the keys and values it leaves in the exit cache equal those of one pass over every
+    slot, at every slot a row holds, and no slot holds garbage (the padding it skips is zeros)."""
+    import eesd_early_exit.batch as batch_module
+
+    prompts = _prompts(2)
+    caches = {}
+    for packed in (True, False):
+        if not packed:
+            monkeypatch.setattr(batch_module, "packed_groups", lambda valid: None)
+        fixed = dict(controller="fixed", controller_options={"k": 2})
+        dec = SpeculativeDecoder(model, **fixed, **_drafters(heads)[name])
+        generation = dec.stream(prompts, max_new_tokens=2, eos_token_id=[])
+        next(generation)  # the prefill: the exit layers have run on nothing yet
+        state = generation.draft_state
+        assert state.exit_slots == 0 and state.deferred
+        width = state.deferred[0].shape[1]
+        valid = state.layout.valid[:, :width].clone()
+        if packed:
+            assert batch_module.packed_groups(valid) is not None
+        with torch.inference_mode():
+            generation.decoder.drafter._flush_batch(state)
+        assert state.exit_slots == width and state.exit_cache.lengths == [width]
+        caches[packed] = (state.exit_cache.keys[0][:, :, :width], state.exit_cache.values[0][:, :, :width])
+    mask = valid[:, None, :, None]
+    for mine, dense in zip(caches[True], caches[False], strict=True):
+        torch.testing.assert_close(mine * mask, dense * mask, rtol=0, atol=1e-12)
+        assert torch.isfinite(mine).all()
