@@ -113,13 +113,11 @@ class BatchDrafting:
     def join(self, states: list[Any], extra: int) -> BatchExitState:
         """One batch state over single-sequence states (:class:`~eesd_early_exit.drafter.ExitState`)
         whose caches may differ in length: row b's cached positions end at slot W (the longest
-        row's length), ``extra`` free slots follow for a round's inputs. Plain heads only: a
-        top-input head's states are kept by position, which a joined round does not carry.
-        Copies every row's cache once; :meth:`part` hands the round back."""
+        row's length), ``extra`` free slots follow for a round's inputs. For a top-input head,
+        each state must hold the top states of its cached positions; they are laid out by slot
+        too. Copies every row's cache once; :meth:`part` hands the round back."""
         from eesd_core.batch import BatchLayout
 
-        if self.reads_top_states:
-            raise ValueError("join: a top-input head cannot draft for joined single-sequence states")
         for state in states:
             self._flush(state)
         counts = [state.cache.lengths[0] if state.cache.num_layers else 0 for state in states]
@@ -131,7 +129,16 @@ class BatchDrafting:
         layout.slots = width
         cache = stacked([state.cache for state in states], width, width + extra)
         exit_cache = stacked([state.exit_cache for state in states], width, width + extra)
-        return BatchExitState(cache, layout, exit_cache, exit_slots=width)
+        joined = BatchExitState(cache, layout, exit_cache, exit_slots=width)
+        if self.reads_top_states:
+            tops = torch.zeros(len(states), width + extra, self.adapter.hidden_size, dtype=self.adapter.dtype)
+            for row, (state, n) in enumerate(zip(states, counts, strict=True)):
+                if n:
+                    if state.tops is None or state.top_count < n:
+                        raise ValueError("join: a state lacks the top states of its cached positions")
+                    tops[row, width - n : width] = state.tops[:n]
+            joined.tops = tops.to(self.adapter.device)
+        return joined
 
     def part(self, joined: BatchExitState, states: list[Any], fed: list[int], hidden: torch.Tensor) -> None:
         """Give each single-sequence state its row of a joined round: row b fed ``fed[b]`` inputs
@@ -141,10 +148,13 @@ class BatchDrafting:
         width = joined.layout.slots
         steps = joined.exit_slots - width  # step_batch calls: the exit layers ran on slots W .. W + steps - 1
         for row, (state, count) in enumerate(zip(states, fed, strict=True)):
+            start = state.cache.lengths[0] if state.cache.num_layers else 0
             append_slots(state.cache, joined.cache, row, width, count)
             append_slots(state.exit_cache, joined.exit_cache, row, width, min(count, steps))
             if count > steps and self.head.num_layers:  # its last input ran layers [0, N) only
-                self._defer(state, hidden[row : row + 1, steps:])
+                self._defer(state, hidden[row : row + 1, steps:count])
+            if self.reads_top_states and count > 1:  # drafts after the first read stand-in tops
+                state.drafted_round = (hidden[row : row + 1, :count], start)
 
     # -- internals ----------------------------------------------------------------------------
 

@@ -109,11 +109,14 @@ class EarlyExitDrafter(BatchDrafting):
             self._defer(state, hidden)
         return state
 
-    def extend(self, state: ExitState, hidden: torch.Tensor) -> None:
+    def extend(self, state: ExitState, hidden: torch.Tensor, now: bool = False) -> None:
         """Take the layer-N states ``[1, m, H]`` of committed positions that someone else ran
         through layers [0, N) over ``state.cache`` (a serving engine's proposer catching up on
-        the tokens its target accepted); the exit layers see them at the next step."""
+        the tokens its target accepted); the exit layers see them at the next step, or ``now``
+        (so that the time of this catching up is not charged to the next draft step)."""
         self._defer(state, hidden)
+        if now:
+            self._flush(state)
 
     def step(self, state: ExitState, token: int, position: int, history: torch.Tensor) -> Draft:
         first = not state.round_states

@@ -5,12 +5,14 @@ Serve any checkpoint eesd's adapters know with eesd drafting::
     from vllm import LLM
     import eesd_vllm
 
-    llm = LLM(model=path, speculative_config=eesd_vllm.speculative_config(num_speculative_tokens=8))
+    llm = LLM(model=path, enforce_eager=True, speculative_config=eesd_vllm.speculative_config(8))
 
 or from the command line (``eesd vllm-config`` prints the settings; it is this package's command)::
 
     eval "$(eesd vllm-config --model smollm2-135m-instruct)"
-    vllm serve "$EESD_VLLM_MODEL" --speculative-config "$EESD_VLLM_SPEC"
+    vllm serve "$EESD_VLLM_MODEL" --speculative-config "$EESD_VLLM_SPEC" --enforce-eager
+
+(eager, so that the proposer can read the target's last-layer states for a top-input head).
 
 The proposer is :class:`eesd_vllm.proposer.EarlyExitProposer`; its options (exit layer, head,
 controller) are :class:`eesd_vllm.options.ProposerOptions`. Importing this package imports neither

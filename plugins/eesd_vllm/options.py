@@ -21,9 +21,10 @@ OPTIONS_ENV = "EESD_VLLM_OPTIONS"
 
 
 class ProposerOptions(PluginOptions):
-    """``exit_layer`` N and ``head`` as for the early-exit drafter, except that ``"auto"`` takes a
-    shipped head that reads layer N alone (vLLM shows a proposer token ids, never the target's
-    last-layer states, so a top-input head cannot run there). ``controller`` (any registered one)
+    """``exit_layer`` N and ``head`` as for the early-exit drafter. ``"auto"`` takes the head
+    eesd ships for the served model: the one that also reads the target's last-layer states where
+    vLLM runs its model eagerly (``enforce_eager=True``: the proposer reads those states with a
+    hook on vLLM's model), else one that reads layer N alone. ``controller`` (any registered one)
     with ``controller_options`` chooses each request's draft length, zero included. ``dtype`` of
     the proposer's copy of the first N layers (``"auto"``: vLLM's). ``exit_layer`` is checked
     where the drafter is built, by the early-exit drafter's own options."""

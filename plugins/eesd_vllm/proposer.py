@@ -7,6 +7,17 @@ no hidden states, and the target's own layers cannot be called from here; so the
 its own copy of the target's first N layers and the exit head (loaded from the checkpoint vLLM
 serves, through eesd's adapters), with its own cache of those layers per request.
 
+**Top states.** A top-input head also reads the target's last-layer state of the previous
+position. vLLM hands a proposer its model in ``load_model``; when vLLM runs that model eagerly
+(``enforce_eager=True``), the proposer hooks it: the model's positions and its final norm's input
+(the last-layer states before the norm) are kept at every forward pass, with the step's
+``query_start_loc``, which says which tokens are whose. ``propose`` then stores, per request, the
+states of the positions the step fed and vLLM committed (rejected drafts' states are dropped), in
+records matched by token prefix like the caches. A request whose record lacks a position (its
+prompt partly served from vLLM's prefix cache by a request since gone) drafts nothing. A compiled
+model is not hooked, so there a top-input head is refused at start, and ``head="auto"`` takes a
+head that reads layer N alone.
+
 **Which cache is whose.** A cache of layers [0, N) is a function of the tokens it has seen, so the
 proposer keys caches by their tokens, not by request: each row of a step takes the free cache that
 shares the longest prefix with the row's tokens, cuts it to that prefix and runs the rest. That
@@ -17,9 +28,13 @@ dropped; a preempted and recomputed request finds its cache if it is still there
 
 **Drafting.** For each row the controller (Thompson by default) decides before every draft token,
 zero included, from what it learnt of acceptance and from the measured costs: this proposer's own
-time, and the time vLLM takes between two calls, which is its verification pass. A row that drafts
-nothing this step costs nothing: the tokens its cache lacks wait, and run in one pass when it next
-drafts. The rows that draft do so together, one pass of layers [0, N) and the head per draft step
+time, and the time vLLM takes between two calls, which is its verification pass. Every step is
+reported to it, plain ones too (a controller that learns costs by k needs both), and the first
+costs it sees are not a cold call's: the proposer drafts twice for throwaway requests when it
+loads. A row that drafts nothing this step costs nothing: the tokens its cache lacks wait, and run
+in one pass when it next drafts, a pass not charged to that step's drafts. The last draft of a
+round is not fed through layers [0, N): if vLLM keeps it, it runs with the next tokens vLLM
+commits. The rows that draft do so together, one pass of layers [0, N) and the head per draft step
 for all of them (the drafter's batch path over their caches, joined for the round), and a row the
 controller stops takes no more drafts. Drafts are the exit head's argmax. A controller with
 ``keep`` (the Thompson controller's default) is shown each draft's confidence before the draft is
@@ -72,6 +87,26 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
 
 
 @dataclass
+class TopRecord:
+    """The target's last-layer states of a request's committed positions, from vLLM's passes."""
+
+    tokens: np.ndarray  # the tokens at those positions, position t at t
+    states: torch.Tensor  # [capacity, H]: position t's state at t, for t < len(tokens)
+    idle: int = 0  # steps since a pass last fed it
+
+    def write(self, first: int, tokens: np.ndarray, states: torch.Tensor) -> None:
+        """Positions ``first ..``: ``tokens`` and their ``states`` (``first`` <= what it holds)."""
+        end = first + len(states)
+        if self.states.shape[0] < end:
+            grown = self.states.new_zeros(max(2 * end, 64), self.states.shape[1])
+            grown[:first] = self.states[:first]
+            self.states = grown
+        self.states[first:end] = states
+        self.tokens = np.concatenate([self.tokens[:first], tokens])
+        self.idle = 0
+
+
+@dataclass
 class RequestCache:
     """The proposer's part of one request: its layers-[0, N) cache and the tokens in it."""
 
@@ -81,6 +116,7 @@ class RequestCache:
     committed: int = 0  # the request's length when those drafts were proposed
     signals: tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]] = ((), (), ())
     withdrawn: tuple[int, float, float] | None = None  # taken back after ``drafts``: token, top-1, entropy
+    costs: Any = None  # the costs (of its batch size) of the step that proposed ``drafts``
 
 
 class EarlyExitProposer:
@@ -100,6 +136,10 @@ class EarlyExitProposer:
         dtype = self.options.dtype
         self.dtype = model_config.dtype if dtype == "auto" else getattr(torch, dtype)
         self.caches: list[RequestCache] = []
+        self.records: list[TopRecord] = []
+        self.eager = bool(getattr(model_config, "enforce_eager", True))
+        self._forward: tuple[np.ndarray, np.ndarray, np.ndarray, torch.Tensor] | None = None
+        self._positions: tuple[torch.Tensor, torch.Tensor] | None = None
         self.trackers: dict[int, CostTracker] = {}
         # rows, most drafts, propose seconds, end, whether a row with the most drafts took one back
         self._previous: tuple[int, int, float, float, bool] | None = None
@@ -112,6 +152,7 @@ class EarlyExitProposer:
             withdrawn=0,
             rounds_with_drafts=0,
             joined_rounds=0,
+            without_top_states=0,
             seconds=0.0,
         )
         self._load()
@@ -146,7 +187,11 @@ class EarlyExitProposer:
             ) from None
         self.adapter = find_adapter(model.eval())
         drafters = registry("drafter").get("early_exit")
-        candidates = [*self._shipped_heads(), None] if head == "auto" else [head]
+        # "auto": where vLLM runs eagerly, the drafter's own shipped head (which may read the
+        # target's top states); then this package's heads, which read layer N alone
+        candidates: list[Any] = [head]
+        if head == "auto":
+            candidates = (["auto"] if self.eager else []) + [*self._shipped_heads(), None]
         for candidate in candidates:
             chosen = {
                 "exit_layer": self.options.exit_layer,
@@ -155,15 +200,18 @@ class EarlyExitProposer:
             self.drafter = drafters.factory(validate(drafters.options, chosen, "early-exit options"))
             try:
                 self.drafter.attach(self.adapter)
-                break
             except HeadError:
                 if head != "auto":
                     raise
-        if self.drafter.reads_top_states:
+                continue
+            if candidate != "auto" or self.drafter.head_path is not None:
+                break  # the drafter's "auto" found no shipped head: try the others
+        if self.drafter.reads_top_states and not self.eager:
             raise ConfigError(
-                f"eesd proposer: the exit head {head} reads the target's last-layer states, which vLLM "
-                "does not show a custom proposer. Use a head distilled without --top-input, the "
-                "untrained exit (head=null), or head='auto'."
+                f"eesd proposer: the exit head {head} reads the target's last-layer states, which the "
+                "proposer reads from vLLM's model only when vLLM runs it eagerly: start vLLM with "
+                "enforce_eager=True (--enforce-eager), or use a head distilled without --top-input, "
+                "the untrained exit (head=null), or head='auto'."
             )
         if not hasattr(self.drafter, "extend"):
             raise ConfigError("eesd proposer: this early-exit drafter cannot take states it did not run.")
@@ -174,6 +222,37 @@ class EarlyExitProposer:
             p.numel() * p.element_size() for p in model.parameters() if p.device.type != "meta"
         )
         self.kept_bytes += sum(p.numel() * p.element_size() for p in self.drafter.head.parameters())
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """Two throwaway requests drafting alone and together, so that the first costs the
+        controller measures are not those of a cold first call (which, measured once, would
+        keep it from ever drafting)."""
+        hidden = self.adapter.hidden_size
+        with torch.inference_mode():
+            entries = []
+            for length in (9, 6):
+                cache = self.adapter.new_cache(num_layers=self.drafter.shared_layers)
+                state = self.drafter.begin(cache, torch.empty(0, dtype=torch.long, device=HOST), None)
+                if self.drafter.reads_top_states:
+                    state.tops = torch.zeros(16, hidden, dtype=self.adapter.dtype, device=self.adapter.device)
+                    state.top_count = length - 1
+                tokens = np.arange(1, length + 1) % self.adapter.vocab_size
+                entry = RequestCache(state, tokens[:0].copy())
+                self._catch_up(entry, tokens)
+                entries.append((entry, tokens))
+            history = torch.as_tensor(entries[0][1], dtype=torch.long)
+            state, position = entries[0][0].state, len(entries[0][1]) - 1
+            for i in range(2):
+                self.drafter.step(state, 1, position + i, history)
+            self.drafter.finish(state, None, position + 1)
+            state.cache.crop(position)
+            self.drafter.rollback(state, position)
+            joined = self.drafter.join([entries[1][0].state, state], extra=3)
+            rows = torch.ones(2, dtype=torch.long)
+            for i in range(2):
+                self.drafter.step_batch(joined, rows, joined.layout.slots + i, rows.bool())
+            self.drafter.finish_batch(joined, None, joined.layout.slots + 2)
 
     def _shipped_heads(self) -> list[Path]:
         """Heads shipped with this package that fit the model's shape and the asked exit layer
@@ -200,7 +279,57 @@ class EarlyExitProposer:
 
     def load_model(self, target_model: Any) -> None:
         """vLLM hands over its own model; the proposer keeps its copy (vLLM's layers cannot be
-        called outside vLLM's forward context)."""
+        called outside vLLM's forward context). For a top-input head it hooks the model to read
+        the last-layer states of every pass."""
+        if not self.drafter.reads_top_states:
+            return
+        norm = getattr(getattr(target_model, "model", None), "norm", None)
+        if not isinstance(norm, torch.nn.Module):
+            raise ConfigError(
+                f"eesd proposer: vLLM's {type(target_model).__name__} has no model.norm to read the "
+                "last-layer states from: use a head distilled without --top-input or head=null."
+            )
+        target_model.register_forward_pre_hook(self._see_positions, with_kwargs=True)
+        norm.register_forward_hook(self._see_states)
+
+    def _see_positions(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        positions = kwargs.get("positions", args[1] if len(args) > 1 else None)
+        seen = isinstance(ids, torch.Tensor) and isinstance(positions, torch.Tensor)
+        self._positions = (ids, positions) if seen else None
+
+    def _see_states(self, module: Any, args: tuple[Any, ...], output: Any) -> None:
+        """The final norm's input, the last-layer states (with a residual, vLLM's norm adds it
+        first and returns the sum second), and which tokens are whose."""
+        from vllm.forward_context import get_forward_context, is_forward_context_available
+
+        inputs, self._positions = self._positions, None
+        if inputs is None or not is_forward_context_available():
+            return
+        ids, positions = inputs
+        states = output[1] if isinstance(output, tuple) and len(output) > 1 else args[0]
+        metadata = get_forward_context().attn_metadata
+        if isinstance(metadata, list):
+            return  # split micro-batches: not read
+        starts = next((getattr(m, "query_start_loc", None) for m in (metadata or {}).values()), None)
+        if starts is None:
+            return
+        starts = starts.cpu().numpy().astype(np.int64)
+        used = int(starts[-1])
+        self.observe_forward(ids[:used].cpu().numpy(), positions[:used].cpu().numpy(), starts, states[:used])
+
+    def observe_forward(
+        self, ids: np.ndarray, positions: np.ndarray, starts: np.ndarray, states: torch.Tensor
+    ) -> None:
+        """What vLLM's pass of this step computed: each token's id and position, where each
+        request's tokens start (``query_start_loc``, one more entry than requests) and the
+        last-layer states ``[tokens, H]`` before the final norm."""
+        self._forward = (
+            np.asarray(ids, dtype=np.int64),
+            np.asarray(positions, dtype=np.int64),
+            np.asarray(starts, dtype=np.int64),
+            states.detach().to(device=self.adapter.device, dtype=self.adapter.dtype).clone(),
+        )
 
     def dummy_run(self, num_tokens: int, *args: Any, **kwargs: Any) -> None:
         """Nothing to warm up per batch shape."""
@@ -216,6 +345,7 @@ class EarlyExitProposer:
                 held += sum(
                     t.numel() * t.element_size() for t in (*cache.keys, *cache.values) if t is not None
                 )
+        held += sum(r.states.numel() * r.states.element_size() for r in self.records)
         return self.kept_bytes + held
 
     # -- one engine step --------------------------------------------------------------------------
@@ -234,7 +364,10 @@ class EarlyExitProposer:
         claimed: set[int] = set()
         out: list[list[int]] = [[] for _ in range(rows)]
         group: list[tuple[int, RequestCache, np.ndarray, int]] = []  # row, cache, tokens, room
+        forward, self._forward = self._forward, None
+        caught = 0.0  # catching up on committed tokens: a cost of the tokens, not of this step's drafts
         with torch.inference_mode():
+            records = self._keep_tops(forward, sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
             for row in range(rows):
                 length = int(num_tokens_no_spec[row])
                 if not sampled_token_ids[row] or length >= self.max_model_len - 1:
@@ -242,10 +375,18 @@ class EarlyExitProposer:
                 tokens = np.asarray(token_ids_cpu[row, :length])
                 entry = self._claim(tokens, claimed)
                 self._learn(entry, tokens, row, costs)
-                entry.committed = length
+                entry.committed, entry.costs = length, costs
                 room = min(self.max_k, self.max_model_len - 1 - length)
+                if self.drafter.reads_top_states:
+                    record = records[row]
+                    if record is None or len(record.tokens) < length - 1:
+                        self.stats["without_top_states"] += 1
+                        continue  # some committed position's top state was never seen: no drafts
+                    entry.state.tops, entry.state.top_count = record.states, length - 1
                 if room > 0 and self.controller.should_continue(DraftStep(0, room, costs, row=row)):
+                    caught -= time.perf_counter()
                     self._catch_up(entry, tokens)
+                    caught += time.perf_counter()
                     group.append((row, entry, tokens, room))
             if len(group) == 1:
                 row, entry, tokens, room = group[0]
@@ -257,11 +398,83 @@ class EarlyExitProposer:
         finished = time.perf_counter()
         longest = max(map(len, out), default=0)
         peeked = any(entry.withdrawn is not None and len(entry.drafts) == longest for _, entry, _, _ in group)
-        self._previous = (rows, longest, finished - started, finished, peeked)
+        self._previous = (rows, longest, finished - started - caught, finished, peeked)
         self.stats["steps"] += 1
         self.stats["rows"] += rows
         self.stats["seconds"] += finished - started
         self.stats["rounds_with_drafts"] += len(group)
+        return out
+
+    def _keep_tops(
+        self,
+        forward: tuple[np.ndarray, np.ndarray, np.ndarray, torch.Tensor] | None,
+        sampled_token_ids: list[list[int]],
+        num_tokens_no_spec: np.ndarray,
+        token_ids_cpu: np.ndarray,
+    ) -> list[TopRecord | None]:
+        """For a top-input head: each row's record of top states, with what this step's pass fed
+        of it and vLLM committed (drafts it rejected are not kept); None for a row whose record
+        has a gap. Records that no pass feeds for a few steps (finished requests) are dropped."""
+        rows = len(sampled_token_ids)
+        found: list[TopRecord | None] = [None] * rows
+        if not self.drafter.reads_top_states:
+            return found
+        for record in self.records:
+            record.idle += 1
+        if forward is not None and len(forward[2]) > rows:
+            ids, positions, starts, states = forward
+            fed: dict[int, tuple[int, int, np.ndarray]] = {}  # row -> first position, pass index, tokens
+            for row in range(rows):
+                a, b = int(starts[row]), int(starts[row + 1])
+                if b <= a:
+                    continue
+                first = int(positions[a])
+                if not np.array_equal(positions[a:b], np.arange(first, first + b - a)):
+                    continue
+                length = int(num_tokens_no_spec[row])
+                last = min(first + b - a, length - 1 if sampled_token_ids[row] else length) - 1
+                tokens = np.array(token_ids_cpu[row, : last + 1])
+                if last >= first and np.array_equal(ids[a : a + last + 1 - first], tokens[first:]):
+                    fed[row] = (first, a, tokens)  # else nothing committed, or not this row's tokens
+            for row, record in self._match_records(fed).items():
+                first, a, tokens = fed[row]
+                if record is not None:
+                    record.write(first, tokens[first:], states[a : a + len(tokens) - first])
+                found[row] = record
+        self.records = [r for r in self.records if r.idle <= 2]
+        return found
+
+    def _match_records(self, fed: dict[int, tuple[int, int, np.ndarray]]) -> dict[int, TopRecord | None]:
+        """Each fed row's record, holding positions [0, first) of its tokens: records go to the
+        rows sharing the longest prefix with them first (so that a new request sharing a prompt
+        prefix does not take a running request's record); a row left without one gets a new
+        record at position 0, a copy of the prefix another row's record holds, or None."""
+        shared = {
+            (row, index): common_prefix(record.tokens, tokens)
+            for row, (_, _, tokens) in fed.items()
+            for index, record in enumerate(self.records)
+        }
+        out: dict[int, TopRecord | None] = {}
+        taken: set[int] = set()
+        for (row, index), n in sorted(shared.items(), key=lambda item: -item[1]):
+            if n and n >= fed[row][0] and row not in out and index not in taken:
+                out[row] = self.records[index]
+                taken.add(index)
+        for row, (first, _, tokens) in fed.items():
+            if row in out:
+                continue
+            donor = max(range(len(self.records)), key=lambda i: shared[(row, i)], default=None)
+            if first and (donor is None or shared[(row, donor)] < first):
+                out[row] = None  # positions before ``first`` were never seen: no drafts with it
+                continue
+            size = (max(64, 2 * len(tokens)), self.adapter.hidden_size)
+            zeros = torch.zeros(size, dtype=self.adapter.dtype, device=self.adapter.device)
+            record = TopRecord(tokens[:0], zeros)
+            if first and donor is not None:  # another request holds the shared prefix: copy it
+                record.write(0, tokens[:first], self.records[donor].states[:first])
+            out[row] = record
+        fresh = [r for r in out.values() if r is not None and all(r is not q for q in self.records)]
+        self.records.extend(fresh)
         return out
 
     def _tracker(self, rows: int) -> CostTracker:
@@ -319,9 +532,13 @@ class EarlyExitProposer:
         draft it took back after them would have been: the token vLLM sampled at its position once
         every draft before it was accepted, as plain decoding there does (greedy: the argmax; else a
         draw from p, so 1 with probability p(draft), the chance the draft had)."""
-        if not entry.drafts and entry.withdrawn is None:
-            return
         start = entry.committed
+        costs = costs if entry.costs is None else entry.costs  # those of the step it learns about
+        if not entry.drafts and entry.withdrawn is None:
+            if start and len(tokens) > start:  # a plain step: the controller learns what it costs too
+                plain = RoundOutcome(start - 1, 0, 0, (int(tokens[start]),), 0, 0, (), (), (), costs, row=row)
+                self.controller.update(plain)
+            return
         kept = common_prefix(np.asarray(entry.drafts), tokens[start : start + len(entry.drafts)])
         k = len(entry.drafts)
         probs, top1, entropies = entry.signals
@@ -354,13 +571,15 @@ class EarlyExitProposer:
 
     def _catch_up(self, entry: RequestCache, tokens: np.ndarray) -> None:
         """Committed tokens the caches lack (all but the pending last): one pass through layers
-        [0, N); the exit layers see them at the next draft step."""
+        [0, N) and the exit layers. The prompt's catching up at a request's first draft, and that
+        of the tokens committed while it drafted nothing, are not what a draft step costs: the
+        controller is not charged them."""
         done, length = len(entry.tokens), len(tokens)
         if done < length - 1:
             behind = torch.as_tensor(tokens[done : length - 1], dtype=torch.long).to(self.adapter.device)
             x = self.adapter.embed(behind)
             h = self.adapter.run_layers(x, 0, self.drafter.shared_layers, entry.state.cache, done)
-            self.drafter.extend(entry.state, h)
+            self.drafter.extend(entry.state, h, now=True)
             entry.tokens = tokens[: length - 1]
 
     def _draft(self, entry: RequestCache, tokens: np.ndarray, row: int, room: int, costs: Any) -> list[int]:
@@ -381,10 +600,11 @@ class EarlyExitProposer:
             signals.append((prob, top, entropy))
             if not self._draft_on(row, room, costs, drafts, signals):
                 break
-        # the last draft goes through layers [0, N) too, so that a fully accepted round needs nothing
-        # (a draft taken back was never fed: its input, the draft before it, is in)
-        self.drafter.finish(state, None if withdrawn else token, position + len(drafts))
-        self._record(entry, tokens, drafts, signals, withdrawn)
+        # the last draft is not fed through layers [0, N): vLLM may reject it, and if it is kept,
+        # catching up runs it with the tokens vLLM adds (a draft taken back was never fed either)
+        fed = len(drafts) + (1 if withdrawn else 0)  # the pending token and the drafts fed
+        self.drafter.finish(state, None, position + fed - 1)
+        self._record(entry, tokens, drafts[: fed - 1], drafts, signals, withdrawn)
         return drafts
 
     def _draft_together(
@@ -436,10 +656,13 @@ class EarlyExitProposer:
                     feed[j] = 0
             feeding = list(drafting)
             steps += 1
-        hidden = drafter.finish_batch(joined, feed if any(feeding) else None, width + steps)
-        drafter.part(joined, [entry.state for _, entry, _, _ in group], [len(d) + 1 for d in drafts], hidden)
-        for (_, entry, tokens, _), made, signal, back in zip(group, drafts, signals, withdrawn, strict=True):
-            self._record(entry, tokens, made, signal, back)
+        # a request still drafting at the end does not feed its last draft (see ``_draft``)
+        fed = [len(made) + (0 if last else 1) for made, last in zip(drafts, feeding, strict=True)]
+        hidden = drafter.finish_batch(joined, None, width + steps)
+        drafter.part(joined, [entry.state for _, entry, _, _ in group], fed, hidden)
+        rounds = zip(group, drafts, fed, signals, withdrawn, strict=True)
+        for (_, entry, tokens, _), made, n, signal, back in rounds:
+            self._record(entry, tokens, made[: n - 1], made, signal, back)
         self.stats["joined_rounds"] += 1
         return drafts
 
@@ -461,11 +684,14 @@ class EarlyExitProposer:
         self,
         entry: RequestCache,
         tokens: np.ndarray,
+        fed: list[int],
         drafts: list[int],
         signals: list[Signal],
         withdrawn: tuple[int, float, float] | None = None,
     ) -> None:
-        entry.tokens = np.concatenate([tokens, np.asarray(drafts, dtype=tokens.dtype)])
+        """A request's round: its caches now hold ``tokens`` and the drafts ``fed``; ``drafts``
+        go to vLLM."""
+        entry.tokens = np.concatenate([tokens, np.asarray(fed, dtype=tokens.dtype)])
         entry.drafts, entry.committed, entry.withdrawn = drafts, len(tokens), withdrawn
         probs, top1, entropies = zip(*signals, strict=True) if signals else ((), (), ())
         entry.signals = (tuple(probs), tuple(top1), tuple(entropies))

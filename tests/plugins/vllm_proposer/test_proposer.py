@@ -34,10 +34,12 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def vllm_config(path: Path, k: int = 4, max_model_len: int = 200) -> SimpleNamespace:
+def vllm_config(path: Path, k: int = 4, max_model_len: int = 200, eager: bool = True) -> SimpleNamespace:
     return SimpleNamespace(
         speculative_config=SimpleNamespace(num_speculative_tokens=k),
-        model_config=SimpleNamespace(max_model_len=max_model_len, model=str(path), dtype=torch.float32),
+        model_config=SimpleNamespace(
+            max_model_len=max_model_len, model=str(path), dtype=torch.float32, enforce_eager=eager
+        ),
     )
 
 
@@ -54,12 +56,37 @@ class Scheduler:
         self.model, self.proposer = model, proposer
         self.rng = random.Random(seed)
         self.table = np.zeros((16, proposer.max_model_len), dtype=np.int32)
+        self.fed: dict[int, tuple[int, list[int], torch.Tensor]] = {}
+        self.tops = proposer.drafter.reads_top_states
 
-    def target_next(self, tokens: list[int]) -> list[int]:
-        """The target's greedy token after every position of ``tokens``."""
-        with torch.inference_mode():
-            logits = self.model(torch.tensor([tokens])).logits[0]
+    def target_next(self, tokens: list[int], fed_from: int | None = None, request: int = -1) -> list[int]:
+        """The target's greedy token after every position of ``tokens``; ``fed_from``: the pass
+        feeds positions from there (as vLLM's would), whose last-layer states a proposer with a
+        top-input head is shown before ``propose``, as its hook on vLLM's model sees them."""
+        seen: list[torch.Tensor] = []
+        hook = self.model.model.norm.register_forward_pre_hook(lambda m, args: seen.append(args[0][0]))
+        try:
+            with torch.inference_mode():
+                logits = self.model(torch.tensor([tokens])).logits[0]
+        finally:
+            hook.remove()
+        if fed_from is not None:
+            self.fed[request] = (fed_from, tokens[fed_from:], seen[0][fed_from:])
         return logits.argmax(-1).tolist()
+
+    def show_pass(self, order: list[int]) -> None:
+        """What the hook sees of one pass over the requests of ``order``, in that order."""
+        ids, positions, states, starts = [], [], [], [0]
+        for i in order:
+            first, tokens, hidden = self.fed.pop(i, (0, [], None))
+            ids += tokens
+            positions += range(first, first + len(tokens))
+            if hidden is not None:
+                states.append(hidden)
+            starts.append(len(ids))
+        self.fed.clear()
+        hidden = torch.cat(states) if states else torch.zeros(0, self.model.config.hidden_size)
+        self.proposer.observe_forward(np.array(ids), np.array(positions), np.array(starts), hidden)
 
     def run(
         self,
@@ -82,7 +109,8 @@ class Scheduler:
                 proposed = drafts[i]
                 if drop_drafts and proposed and self.rng.random() < 0.2:
                     proposed = proposed[: self.rng.randrange(len(proposed))]  # scheduled fewer
-                best = self.target_next(tokens + proposed)[len(tokens) - 1 :]
+                start = 0 if new[i] == 0 else len(tokens) - 1  # the first step is the prefill
+                best = self.target_next(tokens + proposed, start, i)[len(tokens) - 1 :]
                 kept = common_prefix(np.array(proposed), np.array(best[: len(proposed)]))
                 emitted = best[: kept + 1][: limits[i] - new[i]]
                 tokens.extend(emitted)
@@ -94,7 +122,7 @@ class Scheduler:
                 away[i] -= 1
                 if away[i] == 0:  # back, recomputed: the prefill samples the next token again
                     del away[i]
-                    token = self.target_next(live[i])[-1]
+                    token = self.target_next(live[i], 0, i)[-1]
                     live[i].append(token)
                     new[i] += 1
                     sampled[i] = [token]
@@ -110,6 +138,8 @@ class Scheduler:
             for row, i in enumerate(order):
                 self.table[row, : len(live[i])] = live[i]
             lengths = np.array([len(live[i]) for i in order], dtype=np.int32)
+            if self.tops:
+                self.show_pass(order)
             out = self.proposer.propose([sampled[i] for i in order], lengths, self.table)
             assert len(out) == len(order)
             for i, proposal in zip(order, out, strict=True):
@@ -171,10 +201,84 @@ def plain_head(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
     return save_head(head, adapter, path, dtype=torch.float64)
 
 
+@pytest.fixture(scope="module")
+def top_head(checkpoint, tmp_path_factory) -> Path:  # noqa: ANN001
+    """A top-input head at layer 2 of the float64 target whose drafts are sometimes right."""
+    from eesd_early_exit.head import ExitHead
+    from eesd_early_exit.headfile import save_head
+    from transformers import AutoModelForCausalLM
+
+    from eesd_core.models import find_adapter
+
+    adapter = find_adapter(AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float64).eval())
+    torch.manual_seed(4)
+    head = ExitHead(adapter, 2, top_input=True).to(torch.float64)  # layer 3's copy, reading h_2
+    with torch.no_grad():  # and, weakly, the top state: enough that a wrong one changes drafts
+        head.fuse.weight[:, adapter.hidden_size :].normal_(0, 0.003)
+    path = tmp_path_factory.mktemp("heads") / "top.safetensors"
+    return save_head(head, adapter, path, dtype=torch.float64)
+
+
+def _float64(checkpoint: Path) -> tuple[torch.nn.Module, SimpleNamespace]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float64).eval()
+    config = vllm_config(checkpoint)
+    config.model_config.dtype = torch.float64
+    return model, config
+
+
 @pytest.mark.parametrize("controller", ["fixed", "thompson"])
-def test_requests_drafting_together_propose_what_they_would_alone(checkpoint, plain_head, controller) -> None:  # noqa: ANN001
-    """The rows of a step draft in one batched pass per draft step; each row's drafts equal those
-    of its own round, step after step, and every request still equals plain greedy."""
+def test_a_top_input_head_drafts_from_the_states_of_vllms_passes(checkpoint, top_head, controller) -> None:  # noqa: ANN001
+    """Through reorders, preemption, recomputation and drafts vLLM did not schedule, every
+    request keeps the top states of its committed positions, drafts, and equals plain greedy."""
+    model, config = _float64(checkpoint)
+    options = {"k": 3} if controller == "fixed" else {}
+    proposer = EarlyExitProposer(
+        config, ProposerOptions(head=str(top_head), controller=controller, controller_options=options)
+    )
+    assert proposer.drafter.reads_top_states
+    prompts, limits = prompts_of(6, 6), [30, 12, 41, 7, 25, 33]
+    got = Scheduler(model, proposer, seed=3).run(prompts, limits)
+    assert got == [greedy(model, p, n) for p, n in zip(prompts, limits, strict=True)]
+    assert proposer.stats["without_top_states"] == 0
+    assert 0 < proposer.stats["accepted"] < proposer.stats["drafted"]
+    assert proposer.stats["joined_rounds"] > 0
+
+
+def test_a_top_input_head_drafts_what_eesds_own_engine_drafts(checkpoint, top_head) -> None:  # noqa: ANN001
+    """One request, every draft scheduled: the proposer's rounds (drafts made, drafts kept) are
+    those of eesd's engine with the same head, which hands the drafter the target's states
+    itself; a top state read at the wrong position would change them."""
+    from eesd_core import SpeculativeDecoder
+
+    model, config = _float64(checkpoint)
+    prompt, limit = prompts_of(8, 1)[0], 40
+    fixed = dict(controller="fixed", controller_options={"k": 3})
+    proposer = EarlyExitProposer(config, ProposerOptions(head=str(top_head), **fixed))
+    rounds: list[tuple[int, int]] = []
+    update = proposer.controller.update
+    proposer.controller.update = lambda o, f=update: rounds.append((o.drafted, o.accepted)) or f(o)  # type: ignore[method-assign]
+    got = Scheduler(model, proposer).run([prompt], [limit], preempt=False, drop_drafts=False)
+    drafter = dict(drafter="early_exit", drafter_options={"head": str(top_head)})
+    decoder = SpeculativeDecoder(model, **drafter, **fixed)
+    engine: list[tuple[int, int]] = []
+    decoder.round_ended = lambda o: engine.append((o.drafted, o.accepted))
+    out = decoder.generate(prompt, max_new_tokens=limit, eos_token_id=[])
+    assert got[0] == out.sequences[0, len(prompt) :].tolist()
+    shared = min(len(rounds), len(engine)) - 2  # the last rounds differ: limits are counted apart
+    assert shared > 5 and rounds[:shared] == engine[:shared]
+    assert 0 < sum(a for _, a in rounds[:shared]) < sum(d for d, _ in rounds[:shared])
+
+
+@pytest.mark.parametrize("controller", ["fixed", "thompson"])
+@pytest.mark.parametrize("kind", ["plain", "top"])
+def test_requests_drafting_together_propose_what_they_would_alone(  # noqa: ANN001
+    checkpoint, plain_head, top_head, controller, kind
+) -> None:
+    """The rows of a step draft in one batched pass per draft step; with a fixed k each row's
+    drafts equal those of its own round, step after step (the Thompson controller weighs a batch's
+    time per row, so its choices may differ there), and every request still equals plain greedy."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float64).eval()
@@ -183,8 +287,9 @@ def test_requests_drafting_together_propose_what_they_would_alone(checkpoint, pl
     controller_options = {"k": 4} if controller == "fixed" else {}
     proposals = []
     for together in (True, False):
+        head = plain_head if kind == "plain" else top_head
         options = ProposerOptions(
-            head=str(plain_head), controller=controller, controller_options=controller_options
+            head=str(head), controller=controller, controller_options=controller_options
         )
         proposer = EarlyExitProposer(config, options)
         if not together:
@@ -200,8 +305,9 @@ def test_requests_drafting_together_propose_what_they_would_alone(checkpoint, pl
         assert got == [greedy(model, p, n) for p, n in zip(prompts, limits, strict=True)]
         proposals.append(calls)
         assert (proposer.stats["joined_rounds"] > 0) == together
-    assert proposals[0] == proposals[1]
-    assert sum(len(d) for step in proposals[0] for d in step) > 0
+    if controller == "fixed":
+        assert proposals[0] == proposals[1]
+    assert all(sum(len(d) for step in calls for d in step) > 0 for calls in proposals)
 
 
 def test_a_second_batch_reuses_nothing_it_should_not(checkpoint) -> None:  # noqa: ANN001
@@ -234,7 +340,7 @@ def test_a_finished_request_leaves_its_cache(checkpoint) -> None:  # noqa: ANN00
     assert proposer.propose([[]], np.array([5]), table) == [[]]  # a prefill in progress: no drafts
 
 
-def test_top_input_heads_are_refused_with_what_to_do(checkpoint, tmp_path) -> None:  # noqa: ANN001
+def test_top_input_heads_need_an_eager_model_and_say_so(checkpoint, tmp_path) -> None:  # noqa: ANN001
     from eesd_early_exit.head import ExitHead
     from eesd_early_exit.headfile import save_head
     from transformers import AutoModelForCausalLM
@@ -243,8 +349,10 @@ def test_top_input_heads_are_refused_with_what_to_do(checkpoint, tmp_path) -> No
 
     adapter = find_adapter(AutoModelForCausalLM.from_pretrained(checkpoint).eval())
     path = save_head(ExitHead(adapter, 2, top_input=True), adapter, tmp_path / "top.safetensors")
-    with pytest.raises(ConfigError, match="reads the target's last-layer states"):
-        EarlyExitProposer(vllm_config(checkpoint), ProposerOptions(head=str(path)))
+    with pytest.raises(ConfigError, match="enforce_eager=True"):  # a compiled model is not hooked
+        EarlyExitProposer(vllm_config(checkpoint, eager=False), ProposerOptions(head=str(path)))
+    eager = EarlyExitProposer(vllm_config(checkpoint), ProposerOptions(head=str(path)))
+    assert eager.drafter.reads_top_states
     plain = save_head(ExitHead(adapter, 2), adapter, tmp_path / "plain.safetensors")
     proposer = EarlyExitProposer(vllm_config(checkpoint), ProposerOptions(head=str(plain)))
     assert proposer.drafter.shared_layers == 2 and "plain.safetensors" in proposer.describe()

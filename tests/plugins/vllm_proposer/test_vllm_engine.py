@@ -127,6 +127,36 @@ def test_greedy_equals_vllm_without_speculation_under_preemption(checkpoint: Pat
     assert thompson["proposer"]["accepted"] > 0
 
 
+def test_a_top_input_head_reads_vllms_last_layer_states(checkpoint: Path, tmp_path: Path) -> None:
+    """The proposer hooks vLLM's eagerly run model for the last-layer states a top-input head
+    reads: every request drafts with them (none lacks a state), and greedy output is unchanged,
+    with and without preemption."""
+    from eesd_early_exit.head import ExitHead
+    from eesd_early_exit.headfile import save_head
+    from transformers import AutoModelForCausalLM
+
+    from eesd_core.models import find_adapter
+
+    adapter = find_adapter(AutoModelForCausalLM.from_pretrained(checkpoint).eval())
+    torch.manual_seed(6)
+    head = ExitHead(adapter, EXIT, top_input=True)  # a copy of the last layer, reading h_2
+    with torch.no_grad():  # and, weakly, the top state
+        head.fuse.weight[:, adapter.hidden_size :].normal_(0, 0.0003)
+    path = save_head(head, adapter, tmp_path / "top.safetensors")
+    options = {"head": str(path), "controller": "fixed", "controller_options": {"k": 3}}
+    plain = serve(checkpoint, tmp_path, "plain", max_tokens=LIMITS, k="3")
+    assert "error" not in plain, plain.get("error")
+    free = serve(checkpoint, tmp_path, "eesd", max_tokens=LIMITS, k="3", options=options)
+    assert "error" not in free, free.get("error")
+    squeezed = serve(checkpoint, tmp_path, "eesd", max_tokens=LIMITS, k="3", kv_blocks="6", options=options)
+    assert "error" not in squeezed, squeezed.get("error")
+    assert free["tokens"] == plain["tokens"] and squeezed["tokens"] == plain["tokens"]
+    stats = free["proposer"]
+    assert stats["without_top_states"] == 0 and stats["joined_rounds"] > 0
+    assert 0.3 * stats["drafted"] < stats["accepted"] < stats["drafted"]
+    assert squeezed["preemptions"] > 0 and squeezed["proposer"]["accepted"] > 0
+
+
 def test_sampled_output_follows_the_target(small_vocab: Path, tmp_path: Path) -> None:
     """At temperature 1 the first two tokens of many requests follow plain sampling's exact
     distribution (false-fail rate 1e-6): the second token always passes vLLM's rejection sampler
