@@ -117,11 +117,22 @@ def test_joined_rounds_draft_what_each_request_drafts_alone(family, head, tmp_pa
                 drafter.rollback(state, len(rows[0]) - 1)
 
 
-def test_top_input_heads_cannot_join(tmp_path) -> None:  # noqa: ANN001
+def test_top_input_heads_join_with_their_top_states_laid_out_by_slot(tmp_path) -> None:  # noqa: ANN001
     model = make_tiny("llama", 3, vocab=97, layers=4, dtype=torch.float64)
     adapter = find_adapter(model)
     path = save_head(ExitHead(adapter, EXIT, top_input=True), adapter, tmp_path / "top.safetensors")
     drafter = EarlyExitDrafter(EarlyExitOptions(head=str(path)))
     drafter.attach(adapter)
-    with pytest.raises(ValueError, match="top-input"):
-        drafter.join([_state(drafter, [5, 6, 7])], extra=2)
+    short, long = _state(drafter, [5, 6, 7]), _state(drafter, [5, 6, 7, 8, 9])
+    with pytest.raises((ValueError, RuntimeError), match="top states"):
+        drafter.join([short, long], extra=2)  # a state must hold the tops of its cached positions
+    for state in (short, long):
+        n = state.cache.lengths[0]
+        state.tops = torch.randn(n + 3, adapter.hidden_size, dtype=torch.float64)
+        state.top_count = n
+    joined = drafter.join([short, long], extra=2)
+    width = joined.layout.slots
+    for row, state in enumerate((short, long)):
+        n = state.cache.lengths[0]
+        assert torch.equal(joined.tops[row, width - n : width], state.tops[:n])
+        assert not joined.tops[row, : width - n].any()
