@@ -131,13 +131,15 @@ class BatchDrafting:
         exit_cache = stacked([state.exit_cache for state in states], width, width + extra)
         joined = BatchExitState(cache, layout, exit_cache, exit_slots=width)
         if self.reads_top_states:
-            tops = torch.zeros(len(states), width + extra, self.adapter.hidden_size, dtype=self.adapter.dtype)
+            adapter = self.adapter
+            size = (len(states), width + extra, adapter.hidden_size)
+            tops = torch.zeros(size, dtype=adapter.dtype, device=adapter.device)
             for row, (state, n) in enumerate(zip(states, counts, strict=True)):
                 if n:
                     if state.tops is None or state.top_count < n:
                         raise ValueError("join: a state lacks the top states of its cached positions")
                     tops[row, width - n : width] = state.tops[:n]
-            joined.tops = tops.to(self.adapter.device)
+            joined.tops = tops
         return joined
 
     def part(self, joined: BatchExitState, states: list[Any], fed: list[int], hidden: torch.Tensor) -> None:
@@ -266,19 +268,9 @@ def stacked(caches: list[KVCache], width: int, capacity: int) -> KVCache:
     """One batch cache of single-sequence caches (each row a cache), row b's keys right-aligned
     to end at slot ``width``, zeros before them, room for ``capacity`` slots in all."""
     out = KVCache(caches[0].num_layers, capacity)
-    for layer in range(out.num_layers):
-        for name in ("keys", "values"):
-            held = [getattr(cache, name)[layer] for cache in caches]
-            like = next((t for t in held if t is not None), None)
-            if like is None:
-                continue
-            buffer = like.new_zeros((len(caches), like.shape[1], capacity, like.shape[3]))
-            for row, (cache, t) in enumerate(zip(caches, held, strict=True)):
-                n = cache.lengths[layer]
-                if n and t is not None:
-                    buffer[row, :, width - n : width] = t[0, :, :n]
-            getattr(out, name)[layer] = buffer
-        out.lengths[layer] = width
+    if out.num_layers:
+        parts = [(cache, torch.tensor([row]), width - cache.lengths[0]) for row, cache in enumerate(caches)]
+        assemble(out, parts, len(caches), width)
     return out
 
 
