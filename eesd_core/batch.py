@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from eesd_core.cache import packed_groups
 from eesd_core.config import GenerationConfig
 from eesd_core.devices import HOST
 from eesd_core.errors import ConfigError
@@ -195,12 +196,7 @@ class BatchGeneration:
             layout.valid[row, start:width] = True
             layout.positions[row, start:width] = torch.arange(length, device=layout.positions.device)
         layout.slots = width
-        shared = drafter.shared_layers if self._batched else 0  # type: ignore[union-attr]
-        hidden = adapter.embed(feed.to(adapter.device))
-        positions, valid = layout.positions[:, :width], layout.valid[:, :width]
-        rotary = adapter.rotary(hidden, positions)
-        hidden = adapter.run_batch(hidden, 0, shared, self.cache, positions, valid, rotary)
-        top = adapter.run_batch(hidden, shared, adapter.num_layers, self.cache, positions, valid, rotary)
+        hidden, top = self._prefill_pass(feed)
         if drafter is not None:
             call = dec.guard.call_drafter
             if self._batched:
@@ -235,6 +231,42 @@ class BatchGeneration:
         if not self.done:
             self._maybe_relayout()
         return committed
+
+    def _prefill_pass(self, feed: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """Every layer over the left-padded prompts ``feed`` ``[B, T]``: the layer-N states
+        ``[B, T, H]`` (for a drafter that runs target layers, else None) and the last-layer
+        states ``[B, T, H]`` (only the last slot's, ``[B, 1, H]``, where nothing else reads
+        them). Ragged prompts run in groups of rows, each over its own slots only
+        (:func:`packed_groups`), which skips most of their left padding; skipped slots hold zeros."""
+        adapter, layout = self.decoder.adapter, self.layout
+        drafter = self.decoder.drafter
+        shared = drafter.shared_layers if self._batched else 0  # type: ignore[union-attr]
+        keep_tops = self._batched and drafter.reads_top_states  # type: ignore[union-attr]
+        rows, width = feed.shape
+        positions, valid = layout.positions[:, :width], layout.valid[:, :width]
+
+        def run(pick: Any, first: int, cache: Any) -> tuple[torch.Tensor, torch.Tensor]:
+            where, seen = positions[pick, first:], valid[pick, first:]
+            hidden = adapter.embed(feed[pick.to(HOST), first:].to(adapter.device))
+            rotary = adapter.rotary(hidden, where)
+            hidden = adapter.run_batch(hidden, 0, shared, cache, where, seen, rotary)
+            top = adapter.run_batch(hidden, shared, adapter.num_layers, cache, where, seen, rotary)
+            return hidden, top if keep_tops else top[:, -1:]
+
+        groups = packed_groups(valid)
+        if groups is None:
+            hidden, top = run(torch.arange(rows, device=adapter.device), 0, self.cache)
+            return (hidden if self._batched else None), top
+        like = {"dtype": adapter.dtype, "device": adapter.device}
+        kept = torch.zeros(rows, width, adapter.hidden_size, **like) if self._batched else None
+        tops = torch.zeros(rows, width if keep_tops else 1, adapter.hidden_size, **like)
+        for (group, first), writer in zip(groups, self.cache.writers(rows, groups), strict=True):
+            pick = group.to(adapter.device)
+            hidden, top = run(pick, first, writer)
+            if kept is not None:
+                kept[pick, first:] = hidden
+            tops[pick, first if keep_tops else 0 :] = top
+        return kept, tops
 
     # -- one round --------------------------------------------------------------------------------
 

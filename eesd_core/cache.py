@@ -6,6 +6,10 @@ in place and returns views, ``crop`` just moves lengths. It speaks the part of t
 interface that decoder layers use (``update(key, value, layer_idx)``), so the attention modules of an
 HF model write into it directly. The layers of the target [0, L) and the drafter's own layers live in
 separate instances; the early-exit drafter shares the target's instance for layers [0, N).
+
+A batch of ragged prompts is left-padded into one cache, but its prefill need not run the padding:
+:func:`packed_groups` splits the rows into groups that each start at their longest prompt, and a
+:class:`RowWriter` per group lets a pass over those rows alone write their slots.
 """
 
 from __future__ import annotations
@@ -89,6 +93,70 @@ class KVCache:
                 buffers[layer] = new
             self.lengths[layer] = index.shape[1]
 
+    def writers(self, batch: int, groups: list[tuple[torch.Tensor, int]]) -> list[RowWriter]:
+        """One :class:`RowWriter` per group ``(rows, first)`` of a ``batch``-row cache that nothing
+        has written yet; the slots no group writes read zeros."""
+        if any(self.lengths):
+            raise ValueError("packed writes need a cache that nothing has written yet")
+        self.keys, self.values = [None] * self.num_layers, [None] * self.num_layers
+        return [RowWriter(self, batch, rows, first) for rows, first in groups]
+
     def nbytes(self) -> int:
         """Bytes held by the buffers (what the cache costs in memory)."""
         return sum(t.numel() * t.element_size() for t in self.keys + self.values if t is not None)
+
+
+class RowWriter:
+    """A pass over batch rows ``rows`` alone, writing their keys at slots ``first ..`` of a batch
+    cache (:meth:`KVCache.writers`), so that a prefill of ragged prompts runs each group of rows
+    over its own slots only and skips the others' left padding. The pass sees only its own keys,
+    which is all a prefill's queries read; ``lengths`` are its own (slots written from ``first``)."""
+
+    is_compileable = False
+
+    def __init__(self, cache: KVCache, batch: int, rows: torch.Tensor, first: int) -> None:
+        self.cache, self.batch, self.rows, self.first = cache, batch, rows, first
+        self.num_layers = cache.num_layers
+        self.lengths = [0] * cache.num_layers
+
+    def update(
+        self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args: object, **kwargs: object
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        end = self.first + key.shape[-2]
+        for buffers, new in ((self.cache.keys, key), (self.cache.values, value)):
+            if buffers[layer_idx] is None:
+                size = (self.batch, new.shape[1], max(self.cache.capacity, end), new.shape[3])
+                buffers[layer_idx] = new.new_zeros(size)
+            buffers[layer_idx][self.rows.to(new.device), :, self.first : end] = new  # type: ignore[index]
+        self.cache.lengths[layer_idx] = max(self.cache.lengths[layer_idx], end)
+        self.lengths[layer_idx] = end - self.first
+        return key, value
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.lengths[layer_idx]
+
+
+def packed_groups(valid: torch.Tensor, slack: float = 1.25) -> list[tuple[torch.Tensor, int]] | None:
+    """Rows of ``valid`` ``[B, S]`` in groups that each run slots ``first ..`` only, so that a pass
+    skips most of the left padding of ragged prompts: rows sorted by their first valid slot join a
+    group while its area stays within ``slack`` times the slots its rows hold from their first
+    valid one. None when one group would cover every slot of every row (nothing to skip)."""
+    rows, width = valid.shape
+    slots = torch.arange(width, device=valid.device)
+    first = torch.where(valid, slots, width).min(dim=1).values.clamp_max(width - 1).tolist()
+    order = sorted(range(rows), key=lambda r: first[r])
+    groups: list[tuple[list[int], int]] = []
+    held = 0
+    for row in order:
+        if groups:
+            members, start = groups[-1]
+            if (len(members) + 1) * (width - start) <= slack * (held + width - first[row]):
+                members.append(row)
+                held += width - first[row]
+                continue
+        groups.append(([row], first[row]))
+        held = width - first[row]
+    if len(groups) == 1 and groups[0][1] == 0:
+        return None
+    device = valid.device
+    return [(torch.tensor(rows, dtype=torch.long, device=device), first) for rows, first in groups]

@@ -4,7 +4,8 @@ The same scheme as one sequence (:mod:`eesd_early_exit.drafter`), laid out by ca
 by position: the exit cache and the kept top states are slot-aligned with the target's cache, and
 every pass masks by the engine's :class:`~eesd_core.batch.BatchLayout`, so each row sees only its
 own valid slots. Layer-N states of slots the exit layers have not run on wait in ``deferred``
-(rounds in which no row drafts never run the head); a top-input head reads, for each slot, the
+(rounds in which no row drafts never run the head, and rows that leave the batch before the exit
+layers ever ran take their waiting states along); a top-input head reads, for each slot, the
 target's last-layer state of the row's previous valid slot.
 """
 
@@ -15,7 +16,7 @@ from typing import Any
 
 import torch
 
-from eesd_core.cache import KVCache
+from eesd_core.cache import KVCache, packed_groups
 
 
 @dataclass
@@ -97,10 +98,16 @@ class BatchDrafting:
             state.deferred = [torch.cat(state.deferred, dim=1)[:, :keep]] if keep else []
 
     def relayout_batch(self, state: BatchExitState, rows: torch.Tensor, index: torch.Tensor) -> None:
-        # the engine realigns its layout and the target's cache after this: run the backlog first
-        self._flush_batch(state)
-        state.exit_cache.relayout(rows, index)
-        state.exit_slots = index.shape[1]
+        if state.exit_slots == 0 and state.deferred:  # the exit layers never ran: move their inputs
+            backlog = torch.cat(state.deferred, dim=1)  # [B, slots, H]
+            take = index.clamp_min(0).to(backlog.device)
+            moved = backlog.index_select(0, rows.to(backlog.device))
+            moved = moved.gather(1, take[:, :, None].expand(-1, -1, backlog.shape[2]))
+            state.deferred = [moved.masked_fill((index < 0).to(moved.device)[:, :, None], 0.0)]
+        else:  # the engine realigns its layout and the target's cache after this: run the backlog first
+            self._flush_batch(state)
+            state.exit_cache.relayout(rows, index)
+            state.exit_slots = index.shape[1]
         if state.tops is not None:
             take = index.clamp_min(0).to(state.tops.device)
             tops = state.tops.index_select(0, rows.to(state.tops.device))
@@ -188,20 +195,12 @@ class BatchDrafting:
         if groups is None:
             self.head.hidden(backlog, positions, state.exit_cache, None, top, valid)
         else:  # mostly left padding (ragged prompts): each group of rows runs its own slots only
-            parts = []
-            for rows, first in groups:
-                part = self.head.new_cache()
+            writers = state.exit_cache.writers(len(valid), groups)
+            for (rows, first), writer in zip(groups, writers, strict=True):
                 pick = rows.to(backlog.device)
-                self.head.hidden(
-                    backlog.index_select(0, pick)[:, first:],
-                    positions.index_select(0, rows.to(positions.device))[:, first:],
-                    part,
-                    None,
-                    None if top is None else top.index_select(0, pick)[:, first:],
-                    valid.index_select(0, rows.to(valid.device))[:, first:],
-                )
-                parts.append((part, rows, first))
-            assemble(state.exit_cache, parts, len(valid), count)
+                tops = None if top is None else top[pick, first:]
+                h, where, seen = backlog[pick, first:], positions[pick, first:], valid[pick, first:]
+                self.head.hidden(h, where, writer, None, tops, seen)
         state.exit_slots, state.deferred = start + count, []
 
     def _tops_before_batch(self, state: BatchExitState, start: int, count: int) -> torch.Tensor:
@@ -219,31 +218,6 @@ class BatchDrafting:
         gathered = state.tops.gather(1, take[:, :, None].expand(-1, -1, state.tops.shape[2]))
         normed = self.head.top_state(gathered)
         return normed.masked_fill((previous < 0).to(normed.device)[:, :, None], 0.0)
-
-
-def packed_groups(valid: torch.Tensor, slack: float = 1.25) -> list[tuple[torch.Tensor, int]] | None:
-    """Rows of ``valid`` ``[B, S]`` in groups that each run slots ``first ..`` only, so that a pass
-    skips most of the left padding of ragged prompts: rows sorted by their first valid slot join a
-    group while its area stays within ``slack`` times the slots its rows hold from their first
-    valid one. None when one group would cover every slot of every row (nothing to skip)."""
-    rows, width = valid.shape
-    slots = torch.arange(width, device=valid.device)
-    first = torch.where(valid, slots, width).min(dim=1).values.clamp_max(width - 1).tolist()
-    order = sorted(range(rows), key=lambda r: first[r])
-    groups: list[tuple[list[int], int]] = []
-    held = 0
-    for row in order:
-        if groups:
-            members, start = groups[-1]
-            if (len(members) + 1) * (width - start) <= slack * (held + width - first[row]):
-                members.append(row)
-                held += width - first[row]
-                continue
-        groups.append(([row], first[row]))
-        held = width - first[row]
-    if len(groups) == 1 and groups[0][1] == 0:
-        return None
-    return [(torch.tensor(members, dtype=torch.long), start) for members, start in groups]
 
 
 def assemble(cache: KVCache, parts: list[tuple[KVCache, torch.Tensor, int]], rows: int, length: int) -> None:

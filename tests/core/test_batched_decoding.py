@@ -311,7 +311,7 @@ def test_rows_that_take_drafts_back_make_their_solo_rounds(model, heads, name) -
 
 
 def test_packed_groups_skip_left_padding() -> None:
-    from eesd_early_exit.batch import packed_groups
+    from eesd_core.cache import packed_groups
 
     lengths = (12, 1, 11, 3, 2)
     valid = torch.zeros(5, 12, dtype=torch.bool)
@@ -357,3 +357,99 @@ def test_packed_flush_writes_what_a_padded_pass_writes(model, heads, name, monke
     for mine, dense in zip(caches[True], caches[False], strict=True):
         torch.testing.assert_close(mine * mask, dense * mask, rtol=0, atol=1e-12)
         assert torch.isfinite(mine).all()
+
+
+@pytest.mark.parametrize("name", ["plain", "exit", "top"])
+def test_packed_prefill_writes_what_a_padded_pass_writes(model, heads, name, monkeypatch) -> None:
+    """The prefill of ragged prompts runs group by group over each group's own slots: every
+    layer's keys and values, the layer-N states handed to the drafter and the top states equal
+    those of one pass over every slot, at every slot a row holds; what it skips is zeros."""
+    import eesd_core.batch as core_batch
+    from eesd_core.cache import packed_groups
+
+    prompts = _prompts(7)
+    seen = {}
+    for packed in (True, False):
+        if not packed:
+            monkeypatch.setattr(core_batch, "packed_groups", lambda valid: None)
+        dec = SpeculativeDecoder(model, controller="fixed", **_drafters(heads)[name])
+        generation = dec.stream(prompts, max_new_tokens=2, eos_token_id=[])
+        first = next(generation)
+        width = max(map(len, prompts))
+        valid = generation.layout.valid[:, :width].clone()
+        if packed:
+            assert packed_groups(valid) is not None
+        cache = generation.cache
+        tensors = [t[:, :, :width] for t in cache.keys + cache.values]
+        state = generation.draft_state
+        if state is not None:
+            tensors.append(state.deferred[0])
+            if state.tops is not None:
+                tensors.append(state.tops[:, :width])
+        seen[packed] = (first, tensors, valid)
+    (first, mine, valid), (dense_first, dense, _) = seen[True], seen[False]
+    assert first == dense_first
+    for a, b in zip(mine, dense, strict=True):
+        mask = valid[:, None, :, None] if a.dim() == 4 else valid[:, :, None]
+        torch.testing.assert_close(a * mask, b * mask, rtol=0, atol=1e-12)
+        assert not a.masked_select(~mask.expand_as(a)).any()  # skipped padding: zeros
+
+
+class Switch:
+    """Decodes plainly until switched on, then drafts two tokens a round."""
+
+    on = False
+
+    def start(self, request) -> None:
+        pass
+
+    def should_continue(self, step) -> bool:
+        return self.on and step.index < 2
+
+    def update(self, outcome) -> None:
+        pass
+
+
+@pytest.mark.parametrize("name", ["exit", "top"])
+def test_rows_leave_before_the_exit_layers_ever_ran(model, heads, name, monkeypatch) -> None:
+    """Rows that stop before anyone drafted leave the batch without running the exit layers over
+    the backlog (the waiting states move with the layout); the drafts made afterwards are those
+    made when the backlog ran first, and every row equals its greedy decoding alone."""
+    from eesd_early_exit.batch import BatchDrafting
+
+    prompts = _prompts(8)
+    eos = _eos_for(model, prompts)
+    expected = [_solo(model, p, eos) for p in prompts]
+    prompts = [p for p, e in zip(prompts, expected, strict=True) if len(e) >= 4]  # a few plain rounds
+    expected = [e for e in expected if len(e) >= 4]
+    assert len(prompts) >= 2 and len({len(e) for e in expected}) > 1
+
+    def run() -> tuple[dict[int, list], list[list[int]]]:
+        dec = SpeculativeDecoder(model, max_draft_tokens=2, **_drafters(heads)[name])
+        dec.controller = switch = Switch()
+        rounds: dict[int, list] = {}
+        dec.round_ended = lambda outcome: rounds.setdefault(outcome.row, []).append(outcome)
+        generation = dec.stream(prompts, max_new_tokens=NEW, eos_token_id=[eos])
+        for _ in generation:
+            if generation.stats.relayouts and not switch.on:
+                switch.on = True
+                moved = generation.draft_state.exit_slots == 0 and bool(generation.draft_state.deferred)
+        assert switch.on and generation.stats.drafted > 0
+        got = [row[len(p) :] for row, p in zip(generation.sequences, prompts, strict=True)]
+        return rounds, got, moved
+
+    rounds, got, moved = run()
+    assert moved and got == expected
+    relayout = BatchDrafting.relayout_batch
+
+    def flushing(self, state, rows, index) -> None:
+        self._flush_batch(state)
+        relayout(self, state, rows, index)
+
+    monkeypatch.setattr(BatchDrafting, "relayout_batch", flushing)
+    flushed, got, moved = run()
+    assert not moved and got == expected
+    for row, mine in rounds.items():
+        assert [(o.drafted, o.accepted) for o in mine] == [(o.drafted, o.accepted) for o in flushed[row]]
+        for a, b in zip(mine, flushed[row], strict=True):
+            assert a.probs == pytest.approx(b.probs, abs=1e-9), (name, row)

@@ -10,13 +10,14 @@ from eesd_core import SpeculativeDecoder
 
 
 def _count_target_passes(dec: SpeculativeDecoder) -> list[int]:
-    """Count the adapter's calls that run the target's last layer (one per target pass)."""
+    """Count the rows of the adapter's calls that run the target's last layer: one per row and
+    target pass (a batch's prefill of ragged prompts may run its rows in groups)."""
     adapter, calls = dec.adapter, [0]
     for name in ("run_layers", "run_batch"):
         original = getattr(adapter, name)
 
         def counted(hidden, start, end, *args, _original=original, **kwargs):
-            calls[0] += end == adapter.num_layers and end > start
+            calls[0] += hidden.shape[0] * (end == adapter.num_layers and end > start)
             return _original(hidden, start, end, *args, **kwargs)
 
         setattr(adapter, name, counted)
@@ -44,7 +45,7 @@ def test_a_batch_runs_the_target_once_per_new_token() -> None:
     calls = _count_target_passes(dec)
     prompts = [[5, 9, 4, 17, 3], [8, 1], [30]]
     out = dec.generate(prompts, max_new_tokens=6, eos_token_id=[])
-    assert calls[0] == 6
+    assert calls[0] == 6 * len(prompts)
     assert out.stats.rounds == 6
     assert [row.rounds for row in out.stats.rows] == [6, 6, 6]
 
