@@ -14,7 +14,9 @@ draft one token only to look at its confidence (``ThompsonOptions.withdraw``).
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from eesd_core.protocols import Costs, DraftStep, Request, RoundOutcome, Withdrawn
 from eesd_thompson.options import ThompsonOptions
@@ -95,6 +97,7 @@ class ThompsonController:
         self._round = _Round()
         self._lockstep = _Lockstep()
         self._since_plain: dict[int, int] = {}  # rounds since a plain one, by batch size
+        self._shared: dict[tuple[Any, ...], tuple[object, Any]] = {}  # see _once
 
     @property
     def kinds_seen(self) -> set[int]:
@@ -109,6 +112,7 @@ class ThompsonController:
 
     def start(self, request: Request) -> None:
         self._lockstep = _Lockstep()  # a new generation: its rows are asked afresh
+        self._shared.clear()
         self.withdraws = request.withdraws and self.options.withdraw and self.options.stop_rule == "cost"
         if self.options.scope == "request":
             self.posterior.reset()
@@ -165,6 +169,7 @@ class ThompsonController:
 
     def update(self, outcome: RoundOutcome) -> None:
         self.rounds += 1
+        self._shared.clear()
         self._kinds.setdefault(outcome.costs.batch_size, set()).add(outcome.drafted)
         k, n, withdrawn = outcome.drafted, outcome.accepted, outcome.withdrawn
         if k == 0 and withdrawn is None:
@@ -200,10 +205,13 @@ class ThompsonController:
         self._round.times = None
         self._round.peek = step.costs.peek
         if self.options.stop_rule == "cost":
-            self._round.times = self._round_times(step.costs, self._round.limit)
+            limit = self._round.limit
+            times = self._once(("times", limit), step.costs, lambda: self._round_times(step.costs, limit))
+            self._round.times = times
         self._draw()
-        if self._round.times is not None and self.options.probe_tokens is not None and not self._pays():
-            self._round.limit = min(self._round.limit, self.options.probe_tokens)
+        probe, times = self.options.probe_tokens, self._round.times
+        if times is not None and probe is not None and not self._once(("pays",), times, self._pays):
+            self._round.limit = min(self._round.limit, probe)
 
     def _draw(self) -> None:
         self._round.theta = self.posterior.sample(self.rng)
@@ -226,10 +234,20 @@ class ThompsonController:
             return True
         if index == 0 and self._look_pays():
             return True
-        if index == 0 and self._locked_out() and self.rng.random() < self.options.explore / (1 + self.rounds):
+        locked = index == 0 and self._once(("locked",), self._round.times, self._locked_out)
+        if locked and self.rng.random() < self.options.explore / (1 + self.rounds):
             self._round.limit = 1
             return True
         return False
+
+    def _once(self, key: tuple[Any, ...], anchor: object, compute: Callable[[], Any]) -> Any:
+        """A value that the rows of a batch round share, computed for the first row that needs it:
+        it depends only on ``anchor`` (the round's costs, or its round times) and on the posterior,
+        and neither changes between the rows' asks (``update`` and ``start`` forget them all)."""
+        held = self._shared.get(key)
+        if held is None or held[0] is not anchor:
+            held = self._shared[key] = (anchor, compute())
+        return held[1]
 
     def _look_pays(self) -> bool:
         """Whether drafting one token only to see its confidence is worth its step: the tokens

@@ -30,8 +30,13 @@ def expected_tokens(theta: float, k: int) -> float:
 
 
 def best_rate(theta: float, times: Sequence[float]) -> float:
-    """lambda: the best expected tokens per second over k = 0 .. len(times) - 1."""
-    return max(expected_tokens(theta, k) / t for k, t in enumerate(times) if t > 0)
+    """lambda: the best expected tokens per second over k = 0 .. len(times) - 1 (times > 0)."""
+    best, expected, power = 0.0, 0.0, 1.0
+    for t in times:
+        expected += power  # expected_tokens(theta, k), summed as k grows
+        best = max(best, expected / t)
+        power *= theta
+    return best
 
 
 def draft_on(
