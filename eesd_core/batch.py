@@ -219,7 +219,8 @@ class BatchGeneration:
             )
             dec.guard.call_controller("start", dec.controller.start, request)
         rows = len(self.lengths)
-        p = target_probs(adapter, top[:, -1:].reshape(1, rows, -1), self.sampling)  # [B, V]
+        last = width - 1 if top.shape[1] > 1 else 0
+        p = target_probs(adapter, top[:, last : last + 1].reshape(1, rows, -1), self.sampling)  # [B, V]
         committed = []
         for row in range(rows):
             _, token = dec.guard.verify(dec.verifier, feed[row, :0], None, p[row : row + 1], self.rngs[row])
@@ -235,8 +236,9 @@ class BatchGeneration:
     def _prefill_pass(self, feed: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
         """Every layer over the left-padded prompts ``feed`` ``[B, T]``: the layer-N states
         ``[B, T, H]`` (for a drafter that runs target layers, else None) and the last-layer
-        states ``[B, T, H]`` (only the last slot's, ``[B, 1, H]``, where nothing else reads
-        them). Ragged prompts run in groups of rows, each over its own slots only
+        states: for a drafter that reads them, ``[B, capacity, H]`` with slots [T, capacity)
+        zeros (the buffer it keeps for the whole call), else the last slot's ``[B, 1, H]``.
+        Ragged prompts run in groups of rows, each over its own slots only
         (:func:`packed_groups`), which skips most of their left padding; skipped slots hold zeros."""
         adapter, layout = self.decoder.adapter, self.layout
         drafter = self.decoder.drafter
@@ -253,19 +255,20 @@ class BatchGeneration:
             top = adapter.run_batch(hidden, shared, adapter.num_layers, cache, where, seen, rotary)
             return hidden, top if keep_tops else top[:, -1:]
 
+        like = {"dtype": adapter.dtype, "device": adapter.device}
+        tops = torch.zeros(rows, layout.capacity if keep_tops else 1, adapter.hidden_size, **like)
         groups = packed_groups(valid)
         if groups is None:
             hidden, top = run(torch.arange(rows, device=adapter.device), 0, self.cache)
-            return (hidden if self._batched else None), top
-        like = {"dtype": adapter.dtype, "device": adapter.device}
+            tops[:, : top.shape[1]] = top
+            return (hidden if self._batched else None), tops
         kept = torch.zeros(rows, width, adapter.hidden_size, **like) if self._batched else None
-        tops = torch.zeros(rows, width if keep_tops else 1, adapter.hidden_size, **like)
         for (group, first), writer in zip(groups, self.cache.writers(rows, groups), strict=True):
             pick = group.to(adapter.device)
             hidden, top = run(pick, first, writer)
             if kept is not None:
                 kept[pick, first:] = hidden
-            tops[pick, first if keep_tops else 0 :] = top
+            tops[pick, first if keep_tops else 0 : width if keep_tops else 1] = top
         return kept, tops
 
     # -- one round --------------------------------------------------------------------------------

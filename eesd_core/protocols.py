@@ -270,7 +270,9 @@ class BatchDrafter(Drafter, Protocol):
     [S, S + k] ``[B, k + 1, H]``; ``tokens`` is ``None`` when no row feeds that slot (every row
     that drafted last took its draft back), and then the states of slots [S, S + k) come back.
     ``top_states_batch(state, hidden [B, m, H], slot)`` hands over the last-layer states of slots
-    ``slot ..`` (if ``reads_top_states``); ``rollback_batch(state, slots)`` cuts back to ``slots``
+    ``slot ..`` (if ``reads_top_states``); the prefill's come as a buffer ``[B, capacity, H]``,
+    zeros past the prompt, that the drafter may keep instead of copying (the engine does not touch
+    it again); ``rollback_batch(state, slots)`` cuts back to ``slots``
     slots (the layout already marks what each row kept);
     ``relayout_batch(state, rows [B'], index [B', S'])`` keeps slot rows ``rows`` with new slot j
     of row b holding old slot ``index[b, j]`` (-1: empty), as the engine did to the cache.

@@ -77,8 +77,11 @@ class BatchDrafting:
         return hidden  # [B, k+1, H]
 
     def top_states_batch(self, state: BatchExitState, hidden: torch.Tensor, slot: int) -> None:
+        rows, capacity = state.layout.valid.shape
+        if state.tops is None and slot == 0 and hidden.shape[1] == capacity:
+            state.tops = hidden  # the prefill's buffer, as wide as the cache: kept, not copied
+            return
         if state.tops is None:
-            rows, capacity = state.layout.valid.shape
             state.tops = hidden.new_zeros(rows, capacity, hidden.shape[2])
         state.tops[:, slot : slot + hidden.shape[1]] = hidden
 
