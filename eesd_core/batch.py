@@ -27,7 +27,7 @@ import torch
 
 from eesd_core.cache import packed_groups
 from eesd_core.config import GenerationConfig
-from eesd_core.devices import HOST
+from eesd_core.devices import HOST, pass_tokens
 from eesd_core.errors import ConfigError
 from eesd_core.generation import RoundDrafts, acceptance_chance, draw_unless_withdrawn, target_probs
 from eesd_core.protocols import (
@@ -239,7 +239,8 @@ class BatchGeneration:
         states: for a drafter that reads them, ``[B, capacity, H]`` with slots [T, capacity)
         zeros (the buffer it keeps for the whole call), else the last slot's ``[B, 1, H]``.
         Ragged prompts run in groups of rows, each over its own slots only
-        (:func:`packed_groups`), which skips most of their left padding; skipped slots hold zeros."""
+        (:func:`packed_groups`), which skips most of their left padding, and on a CPU no pass
+        covers more than ``CPU_PASS_TOKENS`` tokens; skipped slots hold zeros."""
         adapter, layout = self.decoder.adapter, self.layout
         drafter = self.decoder.drafter
         shared = drafter.shared_layers if self._batched else 0  # type: ignore[union-attr]
@@ -257,7 +258,7 @@ class BatchGeneration:
 
         like = {"dtype": adapter.dtype, "device": adapter.device}
         tops = torch.zeros(rows, layout.capacity if keep_tops else 1, adapter.hidden_size, **like)
-        groups = packed_groups(valid)
+        groups = packed_groups(valid, max_tokens=pass_tokens(adapter.device))
         if groups is None:
             hidden, top = run(torch.arange(rows, device=adapter.device), 0, self.cache)
             tops[:, : top.shape[1]] = top

@@ -136,11 +136,14 @@ class RowWriter:
         return self.lengths[layer_idx]
 
 
-def packed_groups(valid: torch.Tensor, slack: float = 1.25) -> list[tuple[torch.Tensor, int]] | None:
+def packed_groups(
+    valid: torch.Tensor, slack: float = 1.25, max_tokens: int | None = None
+) -> list[tuple[torch.Tensor, int]] | None:
     """Rows of ``valid`` ``[B, S]`` in groups that each run slots ``first ..`` only, so that a pass
     skips most of the left padding of ragged prompts: rows sorted by their first valid slot join a
     group while its area stays within ``slack`` times the slots its rows hold from their first
-    valid one. None when one group would cover every slot of every row (nothing to skip)."""
+    valid one, and within ``max_tokens`` (a row alone may exceed it). None when one group would
+    cover every slot of every row (nothing to skip, nothing to split)."""
     rows, width = valid.shape
     slots = torch.arange(width, device=valid.device)
     first = torch.where(valid, slots, width).min(dim=1).values.clamp_max(width - 1).tolist()
@@ -150,7 +153,8 @@ def packed_groups(valid: torch.Tensor, slack: float = 1.25) -> list[tuple[torch.
     for row in order:
         if groups:
             members, start = groups[-1]
-            if (len(members) + 1) * (width - start) <= slack * (held + width - first[row]):
+            area = (len(members) + 1) * (width - start)
+            if area <= slack * (held + width - first[row]) and area <= (max_tokens or area):
                 members.append(row)
                 held += width - first[row]
                 continue

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from eesd_core.cache import KVCache, packed_groups
+from eesd_core.devices import pass_tokens
 
 
 @dataclass
@@ -194,7 +195,7 @@ class BatchDrafting:
         top = self._tops_before_batch(state, start, count) if self.reads_top_states else None
         layout = state.layout
         positions, valid = layout.positions[:, start : start + count], layout.valid[:, : start + count]
-        groups = packed_groups(valid) if start == 0 else None
+        groups = packed_groups(valid, max_tokens=pass_tokens(self.adapter.device)) if start == 0 else None
         if groups is None:
             self.head.hidden(backlog, positions, state.exit_cache, None, top, valid)
         else:  # mostly left padding (ragged prompts): each group of rows runs its own slots only

@@ -325,6 +325,10 @@ def test_packed_groups_skip_left_padding() -> None:
     area = sum(len(rows) * (12 - first) for rows, first in groups)
     assert area <= 1.25 * sum(lengths) < 5 * 12
     assert packed_groups(torch.ones(3, 8, dtype=torch.bool)) is None  # nothing to skip
+    capped = packed_groups(valid, max_tokens=12)  # no group over 12 tokens but a row alone
+    assert sorted(r for rows, _ in capped for r in rows.tolist()) == [0, 1, 2, 3, 4]
+    assert all(len(rows) * (12 - first) <= 12 or len(rows) == 1 for rows, first in capped)
+    assert len(packed_groups(torch.ones(3, 8, dtype=torch.bool), max_tokens=16)) == 2  # split rows
 
 
 @pytest.mark.parametrize("name", ["exit", "top"])
@@ -338,7 +342,7 @@ def test_packed_flush_writes_what_a_padded_pass_writes(model, heads, name, monke
     caches = {}
     for packed in (True, False):
         if not packed:
-            monkeypatch.setattr(batch_module, "packed_groups", lambda valid: None)
+            monkeypatch.setattr(batch_module, "packed_groups", lambda valid, **_: None)
         fixed = dict(controller="fixed", controller_options={"k": 2})
         dec = SpeculativeDecoder(model, **fixed, **_drafters(heads)[name])
         generation = dec.stream(prompts, max_new_tokens=2, eos_token_id=[])
@@ -360,25 +364,30 @@ def test_packed_flush_writes_what_a_padded_pass_writes(model, heads, name, monke
 
 
 @pytest.mark.parametrize("name", ["plain", "exit", "top"])
-def test_packed_prefill_writes_what_a_padded_pass_writes(model, heads, name, monkeypatch) -> None:
-    """The prefill of ragged prompts runs group by group over each group's own slots: every
-    layer's keys and values, the layer-N states handed to the drafter and the top states equal
-    those of one pass over every slot, at every slot a row holds; what it skips is zeros."""
+@pytest.mark.parametrize("cap", [None, 9])
+def test_packed_prefill_writes_what_a_padded_pass_writes(model, heads, name, cap, monkeypatch) -> None:
+    """The prefill of ragged prompts runs group by group over each group's own slots (on a CPU,
+    ``cap`` tokens a pass at most): every layer's keys and values, the layer-N states handed to
+    the drafter and the top states equal those of one pass over every slot, at every slot a row
+    holds; what it skips is zeros."""
     import eesd_core.batch as core_batch
+    import eesd_core.devices as devices
     from eesd_core.cache import packed_groups
 
-    prompts = _prompts(7)
+    monkeypatch.setattr(devices, "CPU_PASS_TOKENS", cap)
+    prompts = _prompts(7) if cap is None else [p[:4] for p in _prompts(7) if len(p) >= 4]
     seen = {}
     for packed in (True, False):
         if not packed:
-            monkeypatch.setattr(core_batch, "packed_groups", lambda valid: None)
+            monkeypatch.setattr(core_batch, "packed_groups", lambda valid, **_: None)
         dec = SpeculativeDecoder(model, controller="fixed", **_drafters(heads)[name])
         generation = dec.stream(prompts, max_new_tokens=2, eos_token_id=[])
         first = next(generation)
         width = max(map(len, prompts))
         valid = generation.layout.valid[:, :width].clone()
         if packed:
-            assert packed_groups(valid) is not None
+            groups = packed_groups(valid, max_tokens=cap)
+            assert groups is not None and (cap is None or len(groups) > 1)
         cache = generation.cache
         tensors = [t[:, :, :width] for t in cache.keys + cache.values]
         state = generation.draft_state

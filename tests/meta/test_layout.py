@@ -30,8 +30,10 @@ CATEGORIES = ("drafters", "controllers", "verifiers", "plugins")
 # eesd's cache folder, moved here from the model fetcher so that both name it the same way, plus
 # about 90 to prefill a batch of ragged prompts group by group over each group's own slots (a
 # batch of 64 Spec-Bench prompts is 81% left padding, which the prefill no longer runs) and to
-# hand the drafter the prefill's top states in the buffer it keeps, instead of a copy.
-CORE_LINE_BUDGET = 3360
+# hand the drafter the prefill's top states in the buffer it keeps, instead of a copy, plus about
+# 10 to cap a CPU prefill pass's tokens (larger passes' activations were faulted in afresh at
+# every layer: 27% of the prefill at B = 64).
+CORE_LINE_BUDGET = 3370
 
 
 def plugin_packages() -> dict[str, Path]:
