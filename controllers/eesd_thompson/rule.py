@@ -30,11 +30,12 @@ def expected_tokens(theta: float, k: int) -> float:
 
 
 def best_rate(theta: float, times: Sequence[float]) -> float:
-    """lambda: the best expected tokens per second over k = 0 .. len(times) - 1 (times > 0)."""
+    """lambda: the best expected tokens per second over k = 0 .. len(times) - 1 (times <= 0 skipped)."""
     best, expected, power = 0.0, 0.0, 1.0
     for t in times:
         expected += power  # expected_tokens(theta, k), summed as k grows
-        best = max(best, expected / t)
+        if t > 0:
+            best = max(best, expected / t)
         power *= theta
     return best
 

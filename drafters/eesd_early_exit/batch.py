@@ -201,9 +201,9 @@ class BatchDrafting:
         else:  # mostly left padding (ragged prompts): each group of rows runs its own slots only
             writers = state.exit_cache.writers(len(valid), groups)
             for (rows, first), writer in zip(groups, writers, strict=True):
-                pick = rows.to(backlog.device)
+                pick, at = rows.to(backlog.device), rows.to(valid.device)
                 tops = None if top is None else top[pick, first:]
-                h, where, seen = backlog[pick, first:], positions[pick, first:], valid[pick, first:]
+                h, where, seen = backlog[pick, first:], positions[at, first:], valid[at, first:]
                 self.head.hidden(h, where, writer, None, tops, seen)
         state.exit_slots, state.deferred = start + count, []
 

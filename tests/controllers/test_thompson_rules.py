@@ -263,27 +263,32 @@ def test_the_cost_tracker_replaces_a_stale_figure_and_smooths_a_fresh_one():
 def test_what_the_rows_of_a_round_share_is_computed_once_and_changes_no_decision():
     """A batch round's rows share its round times and what the posterior mean says of them; the
     controller computes them for the first row only. Every decision, over rounds whose rows have
-    different limits and whose outcomes move the posterior and the costs, equals a controller's
-    that computes everything anew for every row."""
+    different limits and whose outcomes move the posterior (a drafter that turns bad) under costs
+    that stay the same for rounds in a row, equals a controller's that computes everything anew
+    for every row."""
     import random
+
+    # a second position costs 0.7 of a step more: one draft alone does not pay, longer rounds
+    # do, so rows with different limits judge the same posterior differently
+    prices = [
+        Costs(0.05, 0.0, lambda m, j=j: 1.0 + (0.7 + 0.05 * j) * (m > 1), batch_size=4) for j in range(3)
+    ]
 
     def play(ctrl) -> list[list[int]]:
         chance = random.Random(5)
         decisions = []
         for round_index in range(60):
-            # a second position costs 0.7 of a step more: one draft alone does not pay, longer
-            # rounds do, so rows with different limits judge the same posterior differently
-            jump = 0.7 + 0.05 * (round_index % 3)
-            costs = Costs(0.05, 0.0, lambda m, jump=jump: 1.0 + jump * (m > 1), batch_size=4)
+            costs = prices[round_index // 5 % 3]  # the same costs for five rounds in a row
             limits = (1, 8, 3, 8) if round_index % 2 else (8, 8, 8, 8)
             ks = lockstep_round(ctrl, costs, limits)
             decisions.append(ks)
+            right = 0.8 if round_index < 30 else 0.1  # the drafter turns bad: drafting stops paying
             for k in ks:
-                n = sum(1 for _ in range(k) if chance.random() < 0.7)
+                n = sum(1 for _ in range(k) if chance.random() < right)
                 ctrl.update(outcome(k, n, (0.9,) * k, (0.9,) * k, (0.1,) * k, 0.0, 0.0, costs))
         return decisions
 
-    shared, fresh = (started(alpha0=70, beta0=30, seed=3) for _ in range(2))
+    shared, fresh = (started(alpha0=7, beta0=3, seed=3) for _ in range(2))
     computed = []
     fresh._once = lambda key, anchor, compute: computed.append(key) or compute()
     measured(shared, 4)
@@ -291,3 +296,7 @@ def test_what_the_rows_of_a_round_share_is_computed_once_and_changes_no_decision
     decisions = play(shared)
     assert decisions == play(fresh)
     assert computed and any(sum(ks) for ks in decisions) and any(0 in ks for ks in decisions)
+    lockstep_round(shared, prices[0])  # what a round shared is forgotten when the posterior moves
+    assert shared._shared
+    shared.update(outcome(1, 1, (0.9,), (0.9,), (0.1,), 0.0, 0.0, prices[0]))
+    assert not shared._shared

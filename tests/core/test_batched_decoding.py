@@ -364,8 +364,8 @@ def test_packed_flush_writes_what_a_padded_pass_writes(model, heads, name, monke
 
 
 @pytest.mark.parametrize("name", ["plain", "exit", "top"])
-@pytest.mark.parametrize("cap", [None, 9])
-def test_packed_prefill_writes_what_a_padded_pass_writes(model, heads, name, cap, monkeypatch) -> None:
+@pytest.mark.parametrize(("cap", "equal"), [(None, False), (9, False), (9, True)])
+def test_packed_prefill_writes_what_a_padded_pass_writes(model, heads, name, cap, equal, monkeypatch) -> None:
     """The prefill of ragged prompts runs group by group over each group's own slots (on a CPU,
     ``cap`` tokens a pass at most): every layer's keys and values, the layer-N states handed to
     the drafter and the top states equal those of one pass over every slot, at every slot a row
@@ -375,7 +375,7 @@ def test_packed_prefill_writes_what_a_padded_pass_writes(model, heads, name, cap
     from eesd_core.cache import packed_groups
 
     monkeypatch.setattr(devices, "CPU_PASS_TOKENS", cap)
-    prompts = _prompts(7) if cap is None else [p[:4] for p in _prompts(7) if len(p) >= 4]
+    prompts = [p[:4] for p in _prompts(7) if len(p) >= 4] if equal else _prompts(7)
     seen = {}
     for packed in (True, False):
         if not packed:

@@ -40,14 +40,26 @@ def test_plain_decoding_runs_the_target_once_per_new_token(new_tokens) -> None:
 
 
 def test_a_batch_runs_the_target_once_per_new_token() -> None:
+    """Each row goes through the target once per new token; after the prefill (which may run the
+    rows in groups), each round is one pass over every row."""
     model = make_tiny("qwen2", 4, layers=3)
     dec = SpeculativeDecoder(model, drafter=None)
-    calls = _count_target_passes(dec)
+    rows = _count_target_passes(dec)
+    passes = []
+    original = dec.adapter.run_batch
+    dec.adapter.run_batch = lambda hidden, *a, **k: (
+        passes.append(hidden.shape[0]) or original(hidden, *a, **k)
+    )
     prompts = [[5, 9, 4, 17, 3], [8, 1], [30]]
-    out = dec.generate(prompts, max_new_tokens=6, eos_token_id=[])
-    assert calls[0] == 6 * len(prompts)
-    assert out.stats.rounds == 6
-    assert [row.rounds for row in out.stats.rows] == [6, 6, 6]
+    generation = dec.stream(prompts, max_new_tokens=6, eos_token_id=[])
+    next(generation)  # the prefill
+    passes.clear()
+    for _ in generation:
+        pass
+    assert rows[0] == 6 * len(prompts)
+    assert passes == [len(prompts)] * 5  # five rounds, each one pass over the three rows
+    assert generation.stats.rounds == 6
+    assert [row.rounds for row in generation.stats.rows] == [6, 6, 6]
 
 
 def test_one_new_token_asks_the_controller_nothing() -> None:
