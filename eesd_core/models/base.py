@@ -2,9 +2,10 @@
 
 The models served here are laid out as ``model.model.embed_tokens``, ``.layers``, ``.norm``,
 ``.rotary_emb`` and ``model.lm_head``; each decoder layer takes ``(hidden, attention_mask,
-position_embeddings, past_key_values)`` and writes its keys and values through
-``past_key_values.update(key, value, layer_idx)``. Masks are built here, per layer kind (full or
-sliding window), as additive float masks that both the SDPA and the eager attention accept.
+position_embeddings, cache)`` (``past_key_values`` before transformers 5.23 renamed it) and writes
+its keys and values through ``cache.update(key, value, layer_idx)``. Masks are built here, per
+layer kind (full or sliding window), as additive float masks that both the SDPA and the eager
+attention accept.
 
 :class:`DecoderAdapter` does the work; a family's subclass says which ``model_type`` values it
 serves and overrides what differs (Gemma 3: one rotary embedding per layer kind, soft-capped logits).
@@ -15,6 +16,7 @@ engine go through the adapter's methods.
 from __future__ import annotations
 
 import copy
+import inspect
 from collections.abc import Sequence
 from contextlib import nullcontext
 from typing import Any
@@ -44,6 +46,7 @@ class DecoderAdapter:
         self.vocab_size = int(model.lm_head.weight.shape[0])
         self.hidden_size = int(self.config.hidden_size)
         self._windows = [self._window_of(layer) for layer in self._layers]
+        self._cache_keyword = _cache_keyword(self._layers[0])
         self.products = MatmulPlan()
         self._routers: dict[Any, LinearRouter] = {}
 
@@ -178,8 +181,8 @@ class DecoderAdapter:
             hidden,
             attention_mask=mask,
             position_embeddings=rotary,
-            past_key_values=cache,
             use_cache=True,
+            **{self._cache_keyword: cache},
         )
         return out[0] if isinstance(out, tuple) else out
 
@@ -278,6 +281,13 @@ class DecoderAdapter:
                         )
                 hidden = self.call_layer(layer, hidden, made[window], rotary, cache)
         return hidden
+
+
+def _cache_keyword(layer: nn.Module) -> str:
+    """The keyword a decoder layer takes its cache by: ``cache`` from transformers 5.23 on (which
+    warns at ``past_key_values``, to be removed in 5.40), ``past_key_values`` before."""
+    parameters = inspect.signature(type(layer).forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
 
 
 def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

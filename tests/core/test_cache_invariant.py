@@ -146,3 +146,21 @@ def test_keep_rows_drops_batch_rows_in_every_layer() -> None:
         assert k.shape == (2, 2, 4, 1) and cache.get_seq_length(layer) == 4
         torch.testing.assert_close(k[:, :, :3], keys[[0, 3]] + layer)
         torch.testing.assert_close(v[:, :, :3], -keys[[0, 3]] - layer)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
+def test_layers_take_the_cache_by_the_name_transformers_expects(family):
+    """The adapter hands each layer its cache under the keyword the installed transformers takes
+    (``cache`` since 5.23, ``past_key_values`` before), so no deprecation is triggered, and the
+    layers' keys and values land in the cache."""
+    import warnings
+
+    from eesd_core.models import find_adapter
+
+    adapter = find_adapter(make_tiny(family))
+    cache = adapter.new_cache()
+    tokens = torch.tensor([5, 9, 11, 3])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        adapter.run_layers(adapter.embed(tokens), 0, adapter.num_layers, cache, 0)
+    assert [cache.get_seq_length(i) for i in range(adapter.num_layers)] == [len(tokens)] * adapter.num_layers
