@@ -32,7 +32,10 @@ time, and the time vLLM takes between two calls, which is its verification pass.
 reported to it, plain ones too (a controller that learns costs by k needs both), and the first
 costs it sees are not a cold call's: the proposer drafts twice for throwaway requests when it
 loads. A row that drafts nothing this step costs nothing: the tokens its cache lacks wait, and run
-in one pass when it next drafts, a pass not charged to that step's drafts. The last draft of a
+in one pass when it next drafts. That catching up is charged to the step's drafts when it covers
+no more than a round's tokens (the last draft vLLM kept and the token it added: drafting every
+step is what makes it run each step, once per drafting row), and not when it is longer (a
+prompt, a stretch of plain steps), which happens once. The last draft of a
 round is not fed through layers [0, N): if vLLM keeps it, it runs with the next tokens vLLM
 commits. The rows that draft do so together, one pass of layers [0, N) and the head per draft step
 for all of them (the drafter's batch path over their caches, joined for the round), and a row the
@@ -365,7 +368,7 @@ class EarlyExitProposer:
         out: list[list[int]] = [[] for _ in range(rows)]
         group: list[tuple[int, RequestCache, np.ndarray, int]] = []  # row, cache, tokens, room
         forward, self._forward = self._forward, None
-        caught = 0.0  # catching up on committed tokens: a cost of the tokens, not of this step's drafts
+        caught = 0.0  # catching up on a backlog longer than a round: not a cost of this step's drafts
         with torch.inference_mode():
             records = self._keep_tops(forward, sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
             for row in range(rows):
@@ -384,9 +387,10 @@ class EarlyExitProposer:
                         continue  # some committed position's top state was never seen: no drafts
                     entry.state.tops, entry.state.top_count = record.states, length - 1
                 if room > 0 and self.controller.should_continue(DraftStep(0, room, costs, row=row)):
-                    caught -= time.perf_counter()
+                    behind, began = len(tokens) - 1 - len(entry.tokens), time.perf_counter()
                     self._catch_up(entry, tokens)
-                    caught += time.perf_counter()
+                    if behind > self.max_k + 1:
+                        caught += time.perf_counter() - began
                     group.append((row, entry, tokens, room))
             if len(group) == 1:
                 row, entry, tokens, room = group[0]
@@ -571,9 +575,9 @@ class EarlyExitProposer:
 
     def _catch_up(self, entry: RequestCache, tokens: np.ndarray) -> None:
         """Committed tokens the caches lack (all but the pending last): one pass through layers
-        [0, N) and the exit layers. The prompt's catching up at a request's first draft, and that
-        of the tokens committed while it drafted nothing, are not what a draft step costs: the
-        controller is not charged them."""
+        [0, N) and the exit layers. ``propose`` charges it to the step's drafts when it covers a
+        round's tokens at most; the prompt's catching up at a request's first draft, and that of
+        a stretch of plain steps, are not what drafting costs step by step."""
         done, length = len(entry.tokens), len(tokens)
         if done < length - 1:
             behind = torch.as_tensor(tokens[done : length - 1], dtype=torch.long).to(self.adapter.device)

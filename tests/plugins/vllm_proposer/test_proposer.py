@@ -340,6 +340,31 @@ def test_a_finished_request_leaves_its_cache(checkpoint) -> None:  # noqa: ANN00
     assert proposer.propose([[]], np.array([5]), table) == [[]]  # a prefill in progress: no drafts
 
 
+def test_catching_up_on_the_round_before_is_charged_to_the_drafts(checkpoint) -> None:  # noqa: ANN001
+    """The tokens a drafting request's caches lack after a round (the last draft vLLM kept) run
+    because it drafts, every step: their pass counts in the proposal time the controller learns
+    from. The prompt's catching up at the first draft does not."""
+    import time
+
+    options = ProposerOptions(exit_layer=2, head=None, controller="fixed", controller_options={"k": 2})
+    proposer = EarlyExitProposer(vllm_config(checkpoint, k=2), options)
+    catch_up, lag = proposer._catch_up, 0.05
+
+    def slow(entry, tokens) -> None:  # noqa: ANN001
+        catch_up(entry, tokens)
+        time.sleep(lag)
+
+    proposer._catch_up = slow  # type: ignore[method-assign]
+    table = np.zeros((1, 200), dtype=np.int32)
+    table[0, :20] = np.arange(3, 23)
+    drafts = proposer.propose([[22]], np.array([20]), table)[0]  # the prompt's 19 tokens catch up
+    assert len(drafts) == 2 and proposer._previous[2] < lag
+    table[0, 20:22], table[0, 22] = drafts, 60  # vLLM kept both drafts and added a token
+    proposer.propose([drafts + [60]], np.array([23]), table)
+    assert len(proposer.caches[0].tokens) >= 22  # the kept last draft ran through layers [0, N)
+    assert proposer._previous[2] >= lag
+
+
 def test_top_input_heads_need_an_eager_model_and_say_so(checkpoint, tmp_path) -> None:  # noqa: ANN001
     from eesd_early_exit.head import ExitHead
     from eesd_early_exit.headfile import save_head
