@@ -269,7 +269,8 @@ class BatchGeneration:
             hidden, top = run(pick, first, writer)
             if kept is not None:
                 kept[pick, first:] = hidden
-            tops[pick, first if keep_tops else 0 : width if keep_tops else 1] = top
+            at = first if keep_tops else 0  # kept whole by slot, or the last slot's alone
+            tops[pick, at : at + top.shape[1]] = top
         return kept, tops
 
     # -- one round --------------------------------------------------------------------------------

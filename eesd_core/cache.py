@@ -154,7 +154,8 @@ def packed_groups(
         if groups:
             members, start = groups[-1]
             area = (len(members) + 1) * (width - start)
-            if area <= slack * (held + width - first[row]) and area <= (max_tokens or area):
+            fits = max_tokens is None or area <= max_tokens
+            if fits and area <= slack * (held + width - first[row]):
                 members.append(row)
                 held += width - first[row]
                 continue

@@ -8,6 +8,7 @@ the cached keys and values are compared with a fresh transformers forward over t
 from __future__ import annotations
 
 import random
+import warnings
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from tinymodels import make_tiny
 from transformers import DynamicCache
 
 from eesd_core import SpeculativeDecoder, hookimpl
+from eesd_core.models import find_adapter
 from eesd_core.registry import get_manager, reset_manager
 
 
@@ -153,10 +155,6 @@ def test_layers_take_the_cache_by_the_name_transformers_expects(family):
     """The adapter hands each layer its cache under the keyword the installed transformers takes
     (``cache`` since 5.23, ``past_key_values`` before), so no deprecation is triggered, and the
     layers' keys and values land in the cache."""
-    import warnings
-
-    from eesd_core.models import find_adapter
-
     adapter = find_adapter(make_tiny(family))
     cache = adapter.new_cache()
     tokens = torch.tensor([5, 9, 11, 3])
