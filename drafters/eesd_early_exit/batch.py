@@ -34,6 +34,7 @@ class BatchExitState:
     round_states: list[torch.Tensor] = field(default_factory=list)
     stand_in: torch.Tensor | None = None
     drafted_round: tuple[torch.Tensor, int] | None = None
+    caught: list[int] | None = None  # joined rows: committed inputs run at the join (see join)
 
 
 class BatchDrafting:
@@ -121,46 +122,74 @@ class BatchDrafting:
 
     # -- single-sequence states drafting together (a serving engine's requests) ----------------
 
-    def join(self, states: list[Any], extra: int) -> BatchExitState:
+    def join(self, states: list[Any], extra: int, behind: list[list[int]] | None = None) -> BatchExitState:
         """One batch state over single-sequence states (:class:`~eesd_early_exit.drafter.ExitState`)
         whose caches may differ in length: row b's cached positions end at slot W (the longest
-        row's length), ``extra`` free slots follow for a round's inputs. For a top-input head,
-        each state must hold the top states of its cached positions; they are laid out by slot
-        too. Copies every row's cache once; :meth:`part` hands the round back."""
+        row's length), ``extra`` free slots follow for a round's inputs. ``behind[b]``: committed
+        tokens row b's caches lack; they run through layers [0, N) here, in one pass for every
+        row, in a window of slots after W as wide as the longest (each row's right-aligned, the
+        slots before them masked), and the exit layers see them at the first draft step; the
+        round's inputs follow the window. For a top-input head, each state must hold the top
+        states of its cached positions and of those tokens; they are laid out by slot too.
+        Copies every row's cache once; :meth:`part` hands the round back."""
         from eesd_core.batch import BatchLayout
 
         for state in states:
             self._flush(state)
         counts = [state.cache.lengths[0] if state.cache.num_layers else 0 for state in states]
-        width = max(counts)
-        layout = BatchLayout(len(states), width + extra, self.adapter.device)
-        for row, n in enumerate(counts):
+        caught = [len(b) for b in behind] if behind else [0] * len(states)
+        width, window = max(counts), max(caught)
+        capacity = width + window + extra
+        layout = BatchLayout(len(states), capacity, self.adapter.device)
+        for row, (n, b) in enumerate(zip(counts, caught, strict=True)):
             layout.valid[row, width - n : width] = True
+            layout.valid[row, width + window - b : width + window] = True
             layout.positions[row, width - n : width] = torch.arange(n, device=layout.positions.device)
+            slots = slice(width + window - b, width + window)
+            layout.positions[row, slots] = torch.arange(n, n + b, device=layout.positions.device)
         layout.slots = width
-        cache = stacked([state.cache for state in states], width, width + extra)
-        exit_cache = stacked([state.exit_cache for state in states], width, width + extra)
-        joined = BatchExitState(cache, layout, exit_cache, exit_slots=width)
+        cache = stacked([state.cache for state in states], width, capacity)
+        exit_cache = stacked([state.exit_cache for state in states], width, capacity)
+        joined = BatchExitState(cache, layout, exit_cache, exit_slots=width, caught=caught)
         if self.reads_top_states:
             adapter = self.adapter
-            size = (len(states), width + extra, adapter.hidden_size)
+            size = (len(states), capacity, adapter.hidden_size)
             tops = torch.zeros(size, dtype=adapter.dtype, device=adapter.device)
-            for row, (state, n) in enumerate(zip(states, counts, strict=True)):
-                if n:
-                    if state.tops is None or state.top_count < n:
+            for row, (state, n, b) in enumerate(zip(states, counts, caught, strict=True)):
+                if n + b:
+                    if state.tops is None or state.top_count < n + b:
                         raise ValueError("join: a state lacks the top states of its cached positions")
                     tops[row, width - n : width] = state.tops[:n]
+                    tops[row, width + window - b : width + window] = state.tops[n : n + b]
             joined.tops = tops
+        if window:
+            ids = torch.zeros(len(states), window, dtype=torch.long)
+            for row, tokens in enumerate(behind or []):
+                if tokens:
+                    ids[row, window - len(tokens) :] = torch.as_tensor(tokens, dtype=torch.long)
+            x = self.adapter.embed(ids.to(self.adapter.device))
+            positions, valid = layout.positions[:, width : width + window], layout.valid[:, : width + window]
+            rotary = self.adapter.rotary(x, positions)
+            h = self.adapter.run_batch(x, 0, self.shared_layers, cache, positions, valid, rotary)
+            self._defer_batch(joined, h)
+            layout.slots = width + window
         return joined
 
     def part(self, joined: BatchExitState, states: list[Any], fed: list[int], hidden: torch.Tensor) -> None:
         """Give each single-sequence state its row of a joined round: row b fed ``fed[b]`` inputs
         from slot W on (its pending token and drafts), ``hidden`` is what :meth:`finish_batch`
         returned. Each state then holds what a round of its own through :meth:`step` and
-        :meth:`finish` would have left, so ``rollback`` cuts it as usual."""
+        :meth:`finish` would have left, so ``rollback`` cuts it as usual; the tokens it caught up
+        on at :meth:`join` come first (W is then the slot after their window)."""
         width = joined.layout.slots
+        caught = joined.caught or [0] * len(states)
+        if joined.exit_slots < width:  # no step ran: the window's exit layers have not run yet
+            self._flush_batch(joined)
         steps = joined.exit_slots - width  # step_batch calls: the exit layers ran on slots W .. W + steps - 1
         for row, (state, count) in enumerate(zip(states, fed, strict=True)):
+            if caught[row]:  # their exit layers ran at the round's first step, with its backlog
+                append_slots(state.cache, joined.cache, row, width - caught[row], caught[row])
+                append_slots(state.exit_cache, joined.exit_cache, row, width - caught[row], caught[row])
             start = state.cache.lengths[0] if state.cache.num_layers else 0
             append_slots(state.cache, joined.cache, row, width, count)
             append_slots(state.exit_cache, joined.exit_cache, row, width, min(count, steps))

@@ -33,9 +33,10 @@ reported to it, plain ones too (a controller that learns costs by k needs both),
 costs it sees are not a cold call's: the proposer drafts twice for throwaway requests when it
 loads. A row that drafts nothing this step costs nothing: the tokens its cache lacks wait, and run
 in one pass when it next drafts. That catching up is charged to the step's drafts when it covers
-no more than a round's tokens (the last draft vLLM kept and the token it added: drafting every
-step is what makes it run each step, once per drafting row), and not when it is longer (a
-prompt, a stretch of plain steps), which happens once. The last draft of a
+no more than a round's tokens (the last draft vLLM kept: drafting every step is what makes it run
+each step), and then the rows that draft together catch up together, in one pass at the start of
+their joined round; a longer backlog (a prompt, a stretch of plain steps) happens once, runs on
+its own and is not charged. The last draft of a
 round is not fed through layers [0, N): if vLLM keeps it, it runs with the next tokens vLLM
 commits. The rows that draft do so together, one pass of layers [0, N) and the head per draft step
 for all of them (the drafter's batch path over their caches, joined for the round), and a row the
@@ -155,6 +156,7 @@ class EarlyExitProposer:
             withdrawn=0,
             rounds_with_drafts=0,
             joined_rounds=0,
+            caught_together=0,  # rows of joined rounds that caught up in the round's joined pass
             without_top_states=0,
             seconds=0.0,
         )
@@ -387,10 +389,10 @@ class EarlyExitProposer:
                         continue  # some committed position's top state was never seen: no drafts
                     entry.state.tops, entry.state.top_count = record.states, length - 1
                 if room > 0 and self.controller.should_continue(DraftStep(0, room, costs, row=row)):
-                    behind, began = len(tokens) - 1 - len(entry.tokens), time.perf_counter()
-                    self._catch_up(entry, tokens)
-                    if behind > self.max_k + 1:
-                        caught += time.perf_counter() - began
+                    if len(tokens) - 1 - len(entry.tokens) > self.max_k + 1:  # a long backlog, alone
+                        caught -= time.perf_counter()
+                        self._catch_up(entry, tokens)
+                        caught += time.perf_counter()
                     group.append((row, entry, tokens, room))
             if len(group) == 1:
                 row, entry, tokens, room = group[0]
@@ -575,9 +577,9 @@ class EarlyExitProposer:
 
     def _catch_up(self, entry: RequestCache, tokens: np.ndarray) -> None:
         """Committed tokens the caches lack (all but the pending last): one pass through layers
-        [0, N) and the exit layers. ``propose`` charges it to the step's drafts when it covers a
-        round's tokens at most; the prompt's catching up at a request's first draft, and that of
-        a stretch of plain steps, are not what drafting costs step by step."""
+        [0, N) and the exit layers, for a request drafting alone or a long backlog (a prompt, a
+        stretch of plain steps: not charged to drafting); rows drafting together catch up on a
+        round's tokens in their joined round (:meth:`_draft_together`)."""
         done, length = len(entry.tokens), len(tokens)
         if done < length - 1:
             behind = torch.as_tensor(tokens[done : length - 1], dtype=torch.long).to(self.adapter.device)
@@ -587,7 +589,9 @@ class EarlyExitProposer:
             entry.tokens = tokens[: length - 1]
 
     def _draft(self, entry: RequestCache, tokens: np.ndarray, row: int, room: int, costs: Any) -> list[int]:
-        """One request's round, drafting while the controller says so (it said yes to the first)."""
+        """One request's round, drafting while the controller says so (it said yes to the first),
+        after catching up on the tokens its caches lack."""
+        self._catch_up(entry, tokens)
         state, length = entry.state, len(tokens)
         drafts: list[int] = []
         signals: list[Signal] = []
@@ -616,9 +620,12 @@ class EarlyExitProposer:
     ) -> list[list[int]]:
         """The requests of ``group`` draft in lockstep, one pass of layers [0, N) and the head per
         draft step for all of them (the drafter's batch path over their caches, joined for the
-        round); a request the controller stops feeds its last draft and takes no more."""
+        round, which first runs the committed tokens each cache lacks, for all of them in one
+        pass); a request the controller stops feeds its last draft and takes no more."""
         drafter, device = self.drafter, self.adapter.device
-        joined = drafter.join([entry.state for _, entry, _, _ in group], extra=self.max_k + 1)
+        behind = [tokens[len(entry.tokens) : len(tokens) - 1].tolist() for _, entry, tokens, _ in group]
+        joined = drafter.join([entry.state for _, entry, _, _ in group], self.max_k + 1, behind)
+        self.stats["caught_together"] += sum(1 for tokens in behind if tokens)
         layout, width = joined.layout, joined.layout.slots
         rows = len(group)
         drafts: list[list[int]] = [[] for _ in range(rows)]

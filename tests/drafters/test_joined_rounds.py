@@ -62,8 +62,8 @@ def _solo(drafter: EarlyExitDrafter, state, tokens: list[int], k: int):  # noqa:
     return drafts, logits
 
 
-def _joined(drafter: EarlyExitDrafter, states, rows: list[list[int]], ks: list[int]):  # noqa: ANN001, ANN202
-    joined = drafter.join(states, extra=max(ks) + 1)
+def _joined(drafter: EarlyExitDrafter, states, rows: list[list[int]], ks: list[int], behind=None):  # noqa: ANN001, ANN202
+    joined = drafter.join(states, max(ks) + 1, behind)
     layout, width = joined.layout, joined.layout.slots
     drafts: list[list[int]] = [[] for _ in rows]
     logits: list[list[torch.Tensor]] = [[] for _ in rows]
@@ -89,7 +89,10 @@ def _joined(drafter: EarlyExitDrafter, states, rows: list[list[int]], ks: list[i
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
 @pytest.mark.parametrize("head", [True, False], ids=["exit-layer", "untrained"])
-def test_joined_rounds_draft_what_each_request_drafts_alone(family, head, tmp_path) -> None:  # noqa: ANN001
+@pytest.mark.parametrize("lag", [False, True], ids=["caught-up", "behind"])
+def test_joined_rounds_draft_what_each_request_drafts_alone(family, head, lag, tmp_path) -> None:  # noqa: ANN001
+    """With ``lag``, the joined requests' caches lack the last 0-3 committed tokens, which
+    ``join`` runs for all of them in one pass (a proposer catching up on what vLLM accepted)."""
     drafter = _drafter(family, tmp_path, head)
     rng = random.Random(7)
     rows = [[rng.randrange(3, 97) for _ in range(n)] for n in (9, 2, 14, 5)]
@@ -97,7 +100,16 @@ def test_joined_rounds_draft_what_each_request_drafts_alone(family, head, tmp_pa
     alone = [_state(drafter, tokens) for tokens in rows]
     for round_ in range(4):
         ks = [rng.randrange(1, 5) for _ in rows]
-        got, got_logits = _joined(drafter, together, rows, ks)
+        behind = None
+        if lag:  # cut the joined states back; join catches them up
+            behind = []
+            for tokens, state in zip(rows, together, strict=True):
+                cut = len(tokens) - 1 - rng.randrange(min(4, len(tokens)))
+                state.cache.crop(cut)
+                drafter.rollback(state, cut)
+                behind.append(tokens[cut : len(tokens) - 1])
+            assert any(behind) and len({len(b) for b in behind}) > 1
+        got, got_logits = _joined(drafter, together, rows, ks, behind)
         for j, tokens in enumerate(rows):
             want, want_logits = _solo(drafter, alone[j], tokens, ks[j])
             assert got[j] == want, (round_, j)
