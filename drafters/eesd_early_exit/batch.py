@@ -34,7 +34,8 @@ class BatchExitState:
     round_states: list[torch.Tensor] = field(default_factory=list)
     stand_in: torch.Tensor | None = None
     drafted_round: tuple[torch.Tensor, int] | None = None
-    caught: list[int] | None = None  # joined rows: committed inputs run at the join (see join)
+    caught: list[int] | None = None  # joined rows: committed inputs caught up on (see join)
+    waiting: torch.Tensor | None = None  # [B, w]: those inputs' ids, run with the first step's
 
 
 class BatchDrafting:
@@ -128,10 +129,12 @@ class BatchDrafting:
         row's length), ``extra`` free slots follow for a round's inputs. ``behind[b]``: committed
         tokens row b's caches lack; they run through layers [0, N) here, in one pass for every
         row, in a window of slots after W as wide as the longest (each row's right-aligned, the
-        slots before them masked), and the exit layers see them at the first draft step; the
-        round's inputs follow the window. For a top-input head, each state must hold the top
-        states of its cached positions and of those tokens; they are laid out by slot too.
-        Copies every row's cache once; :meth:`part` hands the round back."""
+        slots before them masked), in the same pass as the first draft step's inputs, which
+        follow the window (a pass over w + 1 positions costs little more than one over one where
+        passes are bound by reading the weights); the exit layers see them at that step too. For
+        a top-input head, each state must hold the top states of its cached positions and of
+        those tokens; they are laid out by slot too. Copies every row's cache once;
+        :meth:`part` hands the round back."""
         from eesd_core.batch import BatchLayout
 
         for state in states:
@@ -167,11 +170,7 @@ class BatchDrafting:
             for row, tokens in enumerate(behind or []):
                 if tokens:
                     ids[row, window - len(tokens) :] = torch.as_tensor(tokens, dtype=torch.long)
-            x = self.adapter.embed(ids.to(self.adapter.device))
-            positions, valid = layout.positions[:, width : width + window], layout.valid[:, : width + window]
-            rotary = self.adapter.rotary(x, positions)
-            h = self.adapter.run_batch(x, 0, self.shared_layers, cache, positions, valid, rotary)
-            self._defer_batch(joined, h)
+            joined.waiting = ids.to(self.adapter.device)
             layout.slots = width + window
         return joined
 
@@ -183,7 +182,9 @@ class BatchDrafting:
         on at :meth:`join` come first (W is then the slot after their window)."""
         width = joined.layout.slots
         caught = joined.caught or [0] * len(states)
-        if joined.exit_slots < width:  # no step ran: the window's exit layers have not run yet
+        if joined.waiting is not None:  # no step ran: the window's inputs have not run yet
+            self._lower_waiting(joined, width)
+        if joined.exit_slots < width:  # nor have their exit layers
             self._flush_batch(joined)
         steps = joined.exit_slots - width  # step_batch calls: the exit layers ran on slots W .. W + steps - 1
         for row, (state, count) in enumerate(zip(states, fed, strict=True)):
@@ -203,14 +204,34 @@ class BatchDrafting:
     def _lower_batch(
         self, state: BatchExitState, tokens: torch.Tensor, slot: int
     ) -> tuple[torch.Tensor, Any]:
-        """Layers [0, N) on every row's token for ``slot``. # [B, 1, H]"""
+        """Layers [0, N) on every row's token for ``slot``, after the waiting inputs of a joined
+        round's window in the same pass (their states wait for the exit layers). # [B, 1, H]"""
         adapter, layout = self.adapter, state.layout
-        x = adapter.embed(tokens.view(-1, 1).to(adapter.device))
-        positions, valid = layout.positions[:, slot : slot + 1], layout.valid[:, : slot + 1]
+        ids, first = tokens.view(-1, 1).to(adapter.device), slot
+        if state.waiting is not None:
+            ids, first = torch.cat([state.waiting, ids], dim=1), slot - state.waiting.shape[1]
+            state.waiting = None
+        x = adapter.embed(ids)
+        positions, valid = layout.positions[:, first : slot + 1], layout.valid[:, : slot + 1]
         rotary = adapter.rotary(x, positions)
         h = adapter.run_batch(x, 0, self.shared_layers, state.cache, positions, valid, rotary)
+        if first < slot:
+            self._defer_batch(state, h[:, :-1])
+            h = h[:, -1:]
+            rotary = adapter.rotary(h, positions[:, -1:])
         state.round_states.append(h)
         return h, rotary
+
+    def _lower_waiting(self, state: BatchExitState, end: int) -> None:
+        """Layers [0, N) on a joined round's waiting window alone (slots before ``end``)."""
+        assert state.waiting is not None
+        adapter, layout = self.adapter, state.layout
+        ids, state.waiting = state.waiting, None
+        first = end - ids.shape[1]
+        x = adapter.embed(ids)
+        positions, valid = layout.positions[:, first:end], layout.valid[:, :end]
+        h = adapter.run_batch(x, 0, self.shared_layers, state.cache, positions, valid)
+        self._defer_batch(state, h)
 
     def _defer_batch(self, state: BatchExitState, hidden: torch.Tensor) -> None:
         if self.head.num_layers:

@@ -52,6 +52,7 @@ class ExitState:
     round_states: list[torch.Tensor] = field(default_factory=list)  # this round's layer-N states
     stand_in: torch.Tensor | None = None  # the exit output of the latest draft step
     drafted_round: tuple[torch.Tensor, int] | None = None  # (states, start) of a top-input round
+    waiting: torch.Tensor | None = None  # ids of committed tokens to run with the next input
 
 
 class EarlyExitDrafter(BatchDrafting):
@@ -118,6 +119,15 @@ class EarlyExitDrafter(BatchDrafting):
         if now:
             self._flush(state)
 
+    def catch_up(self, state: ExitState, tokens: torch.Tensor) -> None:
+        """Committed tokens ``[m]`` that ``state.cache`` lacks (a serving engine's proposer
+        catching up on what its target accepted): they run through layers [0, N) in one pass with
+        the next ``step``'s or ``finish``'s input, whose position must follow them, and through
+        the exit layers at that step. A pass over m + 1 positions costs little more than one
+        over one where passes are bound by reading the weights."""
+        held = state.waiting
+        state.waiting = tokens if held is None else torch.cat([held, tokens.to(held.device)])
+
     def step(self, state: ExitState, token: int, position: int, history: torch.Tensor) -> Draft:
         first = not state.round_states
         h, rotary = self._lower(state, token, position)
@@ -153,6 +163,7 @@ class EarlyExitDrafter(BatchDrafting):
 
     def rollback(self, state: ExitState, length: int) -> None:
         state.top_count = min(state.top_count, length)
+        state.waiting = None  # positions after the cache: cut with everything after ``length``
         if state.drafted_round is not None:
             # the exit cache after the round's first position was built from stand-in top states:
             # drop it, and let the accepted positions run again with the target's own
@@ -171,10 +182,20 @@ class EarlyExitDrafter(BatchDrafting):
     # -- internals ----------------------------------------------------------------------------
 
     def _lower(self, state: ExitState, token: int, position: int) -> tuple[torch.Tensor, Any]:
-        """Layers [0, N) on one token at ``position``. # [1, 1, H]"""
-        x = self.adapter.embed(torch.tensor([token], device=self.adapter.device))
-        rotary = self.adapter.rotary(x, position)
-        h = self.adapter.run_layers(x, 0, self.shared_layers, state.cache, position, rotary)
+        """Layers [0, N) on one token at ``position``, after the waiting ones in the same pass
+        (their states wait for the exit layers). # [1, 1, H]"""
+        adapter = self.adapter
+        ids, first = torch.tensor([token], device=adapter.device), position
+        if state.waiting is not None:
+            ids, first = torch.cat([state.waiting.to(adapter.device), ids]), position - len(state.waiting)
+            state.waiting = None
+        x = adapter.embed(ids)
+        rotary = adapter.rotary(x, first)
+        h = adapter.run_layers(x, 0, self.shared_layers, state.cache, first, rotary)
+        if first < position:
+            self._defer(state, h[:, :-1])
+            h = h[:, -1:]
+            rotary = adapter.rotary(h, position)
         state.round_states.append(h)
         return h, rotary
 

@@ -26,14 +26,17 @@ class ProposerOptions(PluginOptions):
     vLLM runs its model eagerly (``enforce_eager=True``: the proposer reads those states with a
     hook on vLLM's model), else one that reads layer N alone. ``controller`` (any registered one)
     with ``controller_options`` chooses each request's draft length, zero included. ``dtype`` of
-    the proposer's copy of the first N layers (``"auto"``: vLLM's). ``exit_layer`` is checked
-    where the drafter is built, by the early-exit drafter's own options."""
+    the proposer's copy of the first N layers (``"auto"``: vLLM's). ``guard``: stop drafting at
+    a number of concurrent requests where steps that drafted were measured slower than plain
+    ones, probing now and then (:mod:`eesd_vllm.gate`); off, the controller alone decides.
+    ``exit_layer`` is checked where the drafter is built, by the early-exit drafter's own options."""
 
     exit_layer: int | None = None
     head: str | Path | None = "auto"
     controller: str = "thompson"
     controller_options: dict[str, Any] = Field(default_factory=dict)
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    guard: bool = True
 
 
 def read_options(environ: dict[str, str] | None = None) -> ProposerOptions:

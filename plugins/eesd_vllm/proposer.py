@@ -69,10 +69,12 @@ from eesd_core.errors import ConfigError
 from eesd_core.generation import sample_draft
 from eesd_core.protocols import DraftStep, Request, RoundOutcome, SamplingParams, Withdrawn
 from eesd_vllm.fixes import repair_cpu_expand
+from eesd_vllm.gate import DraftGate
 from eesd_vllm.options import ProposerOptions, read_options
 
 GREEDY = SamplingParams()
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+PLANNED_ROWS = 16
 Signal = tuple[float, float, float]  # a draft's q(token), top-1 probability and entropy
 HEADS = Path(__file__).resolve().parent / "heads"
 
@@ -147,6 +149,10 @@ class EarlyExitProposer:
         self.trackers: dict[int, CostTracker] = {}
         # rows, most drafts, propose seconds, end, whether a row with the most drafts took one back
         self._previous: tuple[int, int, float, float, bool] | None = None
+        # the previous step's rows (cache, length then) when some request drafted in it
+        self._scored: list[tuple[RequestCache, int]] | None = None
+        self._spent = 0.0
+        self.gate = DraftGate() if self.options.guard else None
         self.repaired = repair_cpu_expand()
         self.stats: dict[str, float] = dict(
             steps=0,
@@ -158,6 +164,7 @@ class EarlyExitProposer:
             joined_rounds=0,
             caught_together=0,  # rows of joined rounds that caught up in the round's joined pass
             without_top_states=0,
+            gated=0,  # steps in which the gate let no request draft
             seconds=0.0,
         )
         self._load()
@@ -220,7 +227,9 @@ class EarlyExitProposer:
             )
         if not hasattr(self.drafter, "extend"):
             raise ConfigError("eesd proposer: this early-exit drafter cannot take states it did not run.")
-        self.adapter.prepare(1)  # the product for one-position passes, timed while every layer is here
+        # the products of passes over up to PLANNED_ROWS positions (requests x inputs), chosen
+        # while every layer is here (a calibration on a CPU, kept on disk for later starts)
+        self.adapter.prepare(PLANNED_ROWS)
         for layer in model.model.layers[self.drafter.shared_layers :]:
             layer.to("meta")  # never run here: vLLM verifies with its own copy
         self.kept_bytes = sum(
@@ -364,8 +373,11 @@ class EarlyExitProposer:
     ) -> list[list[int]]:
         started = time.perf_counter()
         rows = len(sampled_token_ids)
-        self._observe_step(started)
+        seconds = self._observe_step(started)
         costs = self._tracker(rows).snapshot()
+        may_draft = self.gate is None or self.gate.open(_bucket(rows))
+        self.stats["gated"] += not may_draft
+        lengths: dict[int, int] = {}  # id of a claimed cache -> the request's length now
         claimed: set[int] = set()
         out: list[list[int]] = [[] for _ in range(rows)]
         group: list[tuple[int, RequestCache, np.ndarray, int]] = []  # row, cache, tokens, room
@@ -379,6 +391,7 @@ class EarlyExitProposer:
                     continue  # a prefill still running, or no room left: nothing to draft
                 tokens = np.asarray(token_ids_cpu[row, :length])
                 entry = self._claim(tokens, claimed)
+                lengths[id(entry)] = length
                 self._learn(entry, tokens, row, costs)
                 entry.committed, entry.costs = length, costs
                 room = min(self.max_k, self.max_model_len - 1 - length)
@@ -388,7 +401,9 @@ class EarlyExitProposer:
                         self.stats["without_top_states"] += 1
                         continue  # some committed position's top state was never seen: no drafts
                     entry.state.tops, entry.state.top_count = record.states, length - 1
-                if room > 0 and self.controller.should_continue(DraftStep(0, room, costs, row=row)):
+                if not may_draft or room <= 0:
+                    continue
+                if self.controller.should_continue(DraftStep(0, room, costs, row=row)):
                     if len(tokens) - 1 - len(entry.tokens) > self.max_k + 1:  # a long backlog, alone
                         caught -= time.perf_counter()
                         self._catch_up(entry, tokens)
@@ -400,11 +415,14 @@ class EarlyExitProposer:
             elif group:
                 for (row, *_), drafts in zip(group, self._draft_together(group, costs), strict=True):
                     out[row] = drafts
+        self._score(seconds, lengths, costs)
+        self._scored = [(e, e.committed) for e in self.caches if id(e) in lengths] if group else None
         self._forget(claimed)
         finished = time.perf_counter()
         longest = max(map(len, out), default=0)
         peeked = any(entry.withdrawn is not None and len(entry.drafts) == longest for _, entry, _, _ in group)
         self._previous = (rows, longest, finished - started - caught, finished, peeked)
+        self._spent = finished - started  # all of it, catching up included (the gate's score)
         self.stats["steps"] += 1
         self.stats["rows"] += rows
         self.stats["seconds"] += finished - started
@@ -489,16 +507,29 @@ class EarlyExitProposer:
             self.trackers[bucket] = CostTracker(self.max_k, batch_size=bucket)
         return self.trackers[bucket]
 
-    def _observe_step(self, now: float) -> None:
-        """The previous step's costs: this proposer's time, and vLLM's pass in between."""
+    def _observe_step(self, now: float) -> float | None:
+        """The previous step's costs: this proposer's time, and vLLM's pass in between; the
+        step's whole time (for the gate), or None when the engine sat idle in between."""
         if self._previous is None:
-            return
+            return None
         rows, longest, propose_time, ended, peeked = self._previous
         tracker, between = self._tracker(rows), now - ended
         known = tracker.verify[longest + 1]
         if known is not None and between > 4 * known:
-            return  # the engine sat idle between two requests' steps: not a verification pass
+            return None  # the engine sat idle between two requests' steps: not a verification pass
         tracker.observe(longest, propose_time, between, withdrawn=peeked)
+        return self._spent + between
+
+    def _score(self, seconds: float | None, lengths: dict[int, int], costs: Any) -> None:
+        """Tell the gate what the previous step gained, if some request drafted in it: the tokens
+        its requests committed (one for a request that has finished since: its last is unseen,
+        and its cache may have gone to a new request sharing a prefix with it)."""
+        scored, self._scored = self._scored, None
+        if self.gate is None or scored is None or seconds is None:
+            return
+        tokens = sum(max(lengths.get(id(e), 0) - then, 1) for e, then in scored)
+        rows = len(scored)
+        self.gate.score(_bucket(rows), tokens, rows, seconds, self._tracker(rows).snapshot().plain_step)
 
     def _claim(self, tokens: np.ndarray, claimed: set[int]) -> RequestCache:
         """The free cache sharing the longest prefix with ``tokens``, cut to it; or a new one."""
@@ -589,10 +620,12 @@ class EarlyExitProposer:
             entry.tokens = tokens[: length - 1]
 
     def _draft(self, entry: RequestCache, tokens: np.ndarray, row: int, room: int, costs: Any) -> list[int]:
-        """One request's round, drafting while the controller says so (it said yes to the first),
-        after catching up on the tokens its caches lack."""
-        self._catch_up(entry, tokens)
+        """One request's round, drafting while the controller says so (it said yes to the first);
+        the committed tokens its caches lack run in the first draft step's pass."""
         state, length = entry.state, len(tokens)
+        if len(entry.tokens) < length - 1:
+            behind = torch.as_tensor(tokens[len(entry.tokens) : length - 1], dtype=torch.long)
+            self.drafter.catch_up(state, behind)
         drafts: list[int] = []
         signals: list[Signal] = []
         token, position = int(tokens[-1]), length - 1

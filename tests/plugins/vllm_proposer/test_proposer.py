@@ -343,20 +343,26 @@ def test_a_finished_request_leaves_its_cache(checkpoint) -> None:  # noqa: ANN00
 
 def test_catching_up_on_the_round_before_is_charged_to_the_drafts(checkpoint) -> None:  # noqa: ANN001
     """The tokens a drafting request's caches lack after a round (the last draft vLLM kept) run
-    because it drafts, every step: their pass counts in the proposal time the controller learns
-    from. The prompt's catching up at the first draft does not."""
+    because it drafts, every step (in the first draft step's pass): that time counts in the
+    proposal time the controller learns from. The prompt's catching up, a pass of its own before
+    the first draft, does not."""
     import time
 
     options = ProposerOptions(exit_layer=2, head=None, controller="fixed", controller_options={"k": 2})
     proposer = EarlyExitProposer(vllm_config(checkpoint, k=2), options)
-    catch_up, lag = proposer._catch_up, 0.05
+    eager, folded, lag = proposer._catch_up, proposer.drafter.catch_up, 0.05
 
-    def slow(entry, tokens) -> None:  # noqa: ANN001
+    def slow_eager(entry, tokens) -> None:  # noqa: ANN001
         if len(entry.tokens) < len(tokens) - 1:  # a pass runs
             time.sleep(lag)
-        catch_up(entry, tokens)
+        eager(entry, tokens)
 
-    proposer._catch_up = slow  # type: ignore[method-assign]
+    def slow_folded(state, tokens) -> None:  # noqa: ANN001
+        time.sleep(lag)
+        folded(state, tokens)
+
+    proposer._catch_up = slow_eager  # type: ignore[method-assign]
+    proposer.drafter.catch_up = slow_folded  # type: ignore[method-assign]
     table = np.zeros((1, 200), dtype=np.int32)
     table[0, :20] = np.arange(3, 23)
     drafts = proposer.propose([[22]], np.array([20]), table)[0]  # the prompt's 19 tokens catch up
@@ -504,3 +510,51 @@ def test_drafts_taken_back_change_no_token_and_are_judged_by_the_next_step(check
         assert outcome.withdrawn.acceptance == float(best == token)
         checked += 1
     assert checked > 5 and {o.withdrawn.acceptance for _, _, o in judged[0]} >= {0.0, 1.0}
+
+
+class RecordingGate:
+    """A gate that opens as told and keeps what the proposer scores."""
+
+    def __init__(self, opens: bool = True) -> None:
+        self.opens, self.scores = opens, []
+
+    def open(self, size: int) -> bool:
+        return self.opens
+
+    def score(self, size: int, tokens: int, rows: int, seconds: float, plain_step: float | None) -> None:
+        self.scores.append((size, tokens, rows, seconds))
+
+
+def test_the_gate_is_told_what_a_drafting_step_committed(checkpoint) -> None:  # noqa: ANN001
+    """A step's score counts the tokens each of its requests committed (kept drafts and vLLM's
+    token), one for a request that finished since, and the step's whole time; a step in which no
+    request drafted is not scored."""
+    options = ProposerOptions(exit_layer=2, head=None, controller="fixed", controller_options={"k": 2})
+    proposer = EarlyExitProposer(vllm_config(checkpoint, k=2), options)
+    proposer.gate = gate = RecordingGate()
+    table = np.zeros((2, 200), dtype=np.int32)
+    table[0, :5], table[1, :4] = [3, 4, 5, 6, 7], [8, 9, 10, 11]
+    drafts = proposer.propose([[7], [11]], np.array([5, 4]), table)
+    assert [len(d) for d in drafts] == [2, 2] and gate.scores == []
+    table[0, 5:7], table[0, 7] = drafts[0], 60  # the first kept both drafts and added a token
+    table[1, 4] = 61  # the second kept none
+    proposer.propose([[*drafts[0], 60], [61]], np.array([8, 5]), table)
+    (size, tokens, rows, seconds), = gate.scores
+    assert (size, tokens, rows) == (2, 4, 2) and seconds > 0
+    table[0, :6] = table[1, :6]  # the first finished: one token counted for it
+    table[0, 5] = 62
+    proposer.propose([[62]], np.array([6]), table)
+    assert gate.scores[-1][1:3] == (1 + 1, 2)
+
+
+def test_a_closed_gate_leaves_every_request_plain(checkpoint) -> None:  # noqa: ANN001
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(checkpoint).eval()
+    proposer = EarlyExitProposer(vllm_config(checkpoint), ProposerOptions(exit_layer=2, head=None))
+    proposer.gate = RecordingGate(opens=False)
+    prompts = prompts_of(4, 3)
+    got = Scheduler(model, proposer, seed=5).run(prompts, [9, 14, 5])
+    assert got == [greedy(model, p, n) for p, n in zip(prompts, [9, 14, 5], strict=True)]
+    assert proposer.stats["drafted"] == 0 and proposer.stats["gated"] == proposer.stats["steps"] > 0
+    assert proposer.caches == [] or all(len(entry.tokens) == 0 for entry in proposer.caches)

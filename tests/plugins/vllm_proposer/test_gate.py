@@ -1,0 +1,43 @@
+"""The proposer's gate: drafting steps must beat plain ones, measured, or drafting stops."""
+
+from __future__ import annotations
+
+from eesd_vllm.gate import DraftGate
+
+
+def scored(gate: DraftGate, steps: int, tokens: int, seconds: float, size: int = 4) -> None:
+    for _ in range(steps):
+        gate.score(size, tokens, 4, seconds, plain_step=0.3)
+
+
+def test_the_gate_stays_open_until_drafting_steps_are_measured_slower() -> None:
+    gate = DraftGate(min_steps=12)
+    scored(gate, 11, tokens=4, seconds=0.5)  # slower than plain (4 tokens in 0.3 s)
+    assert gate.open(4)  # too few steps to judge
+    scored(gate, 1, tokens=4, seconds=0.5)
+    assert abs(gate.gain(4) - 0.6) < 1e-9
+    assert not gate.open(4)
+    assert gate.open(1)  # another batch size is judged on its own
+
+
+def test_faster_drafting_steps_keep_it_open() -> None:
+    gate = DraftGate()
+    scored(gate, 40, tokens=7, seconds=0.45)  # 7 tokens in 0.45 s against 4 in 0.3 s
+    assert gate.gain(4) > 1 and all(gate.open(4) for _ in range(100))
+    assert gate.closed_steps == 0
+
+
+def test_a_closed_gate_probes_ever_more_rarely_and_reopens_on_a_good_probe() -> None:
+    gate = DraftGate(min_steps=4, first_probe=8)
+    scored(gate, 4, tokens=4, seconds=0.4)
+    opened = [step for step in range(1, 200) if gate.open(4)]
+    assert opened == [8, 16, 32, 64, 128]  # closed steps at which it probed
+    assert gate.probed_steps == 5 and gate.closed_steps == 199 - 5
+    scored(gate, 3, tokens=12, seconds=0.4)  # probes that paid well
+    assert gate.gain(4) > 1 and gate.open(4)
+
+
+def test_steps_without_a_plain_time_are_not_scored() -> None:
+    gate = DraftGate(min_steps=1)
+    gate.score(4, 4, 4, 0.5, plain_step=None)
+    assert gate.gain(4) is None and gate.open(4)
