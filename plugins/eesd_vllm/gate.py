@@ -11,17 +11,20 @@ So the gate measures what the controller cannot: per batch size, the steps in wh
 drafted are scored by the plain time of the tokens they committed, ``tokens * plain_step / rows``,
 against the time they took, the proposer's (catching up included) and vLLM's. ``gain`` is the
 ratio of the two sums, older steps weighing less (``decay`` per step scored): above 1, drafting
-steps were faster than plain ones would have been. Below 1, after at least ``min_steps`` scored
-steps, the gate closes: no request of a step of that batch size drafts, except in probes, after
-``first_probe`` closed steps and then after twice as many each time, so that a drafter that got
-better, or a bad stretch, is noticed at a cost that shrinks as the evidence grows. Probes are
-rare because they are dear: a request that has not drafted for a while must first run every
-token since through the proposer's layers. Steps the gate closes are plain, and measure the
-plain step the score relies on.
+steps were faster than plain ones would have been. The gate closes when the gain is below 1 by
+more than ``z`` standard errors (from the spread of the steps' own ratios, after at least
+``min_steps``), so that the noisy first steps of a controller still learning, at one request
+where a step commits one token or five, do not close it: then no request of a step of that batch
+size drafts, except in probes, after ``8 * size`` closed steps and then after twice as many each
+time, so that a drafter that got better, or a bad stretch, is noticed at a cost that shrinks as
+the evidence grows. Probes are dear, and dearer with more requests: a request that has not drafted
+for a while must first run every token since through the proposer's layers. A probe that pays
+reopens the gate. Steps the gate closes are plain, and measure the plain step the score relies on.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -32,18 +35,34 @@ class _Score:
     steps: int = 0
     closed: int = 0  # steps the gate closed since it last opened
     next_probe: int = 0  # the closed step that probes next
+    weight: float = 0.0  # decayed sums over the steps' own ratios: of 1, 1 squared, r and r^2
+    weight2: float = 0.0
+    first: float = 0.0
+    second: float = 0.0
 
     @property
     def gain(self) -> float | None:
         return self.saved / self.spent if self.spent > 0 else None
+
+    @property
+    def error(self) -> float:
+        """The standard error of the gain, from the spread of the steps' ratios."""
+        if self.weight <= 0:
+            return math.inf
+        mean = self.first / self.weight
+        spread = max(self.second / self.weight - mean * mean, 0.0)
+        effective = self.weight**2 / self.weight2
+        return math.sqrt(spread / effective)
 
 
 class DraftGate:
     """Per batch size: whether this step may draft (:meth:`open`) and what drafting steps gained
     (:meth:`score`)."""
 
-    def __init__(self, decay: float = 0.95, min_steps: int = 12, first_probe: int = 32) -> None:
-        self.decay, self.min_steps, self.first_probe = decay, min_steps, first_probe
+    def __init__(
+        self, decay: float = 0.95, min_steps: int = 12, z: float = 1.0, probe_every: int = 8
+    ) -> None:
+        self.decay, self.min_steps, self.z, self.probe_every = decay, min_steps, z, probe_every
         self.scores: dict[int, _Score] = {}
         self.closed_steps = 0
         self.probed_steps = 0
@@ -53,26 +72,33 @@ class DraftGate:
         ``rows`` requests in ``seconds``, a plain step of that size taking ``plain_step``."""
         if plain_step is None or plain_step <= 0 or seconds <= 0 or rows <= 0:
             return
-        held = self.scores.setdefault(size, _Score())
-        held.saved = self.decay * held.saved + tokens * plain_step / rows
-        held.spent = self.decay * held.spent + seconds
+        held, d = self.scores.setdefault(size, _Score()), self.decay
+        saved = tokens * plain_step / rows
+        held.saved, held.spent = d * held.saved + saved, d * held.spent + seconds
+        ratio = saved / seconds
+        held.weight, held.weight2 = d * held.weight + 1.0, d * d * held.weight2 + 1.0
+        held.first, held.second = d * held.first + ratio, d * held.second + ratio * ratio
         held.steps += 1
-        if (held.gain or 0.0) >= 1.0:
+        if not self._losing(held):
             held.closed, held.next_probe = 0, 0
 
     def gain(self, size: int) -> float | None:
         held = self.scores.get(size)
         return None if held is None else held.gain
 
+    def _losing(self, held: _Score) -> bool:
+        gain = held.gain
+        return held.steps >= self.min_steps and gain is not None and gain + self.z * held.error < 1.0
+
     def open(self, size: int) -> bool:
         """Whether a step of batch size ``size`` may draft: yes until drafting steps were measured
         slower than plain ones, then only as a probe."""
         held = self.scores.get(size)
-        if held is None or held.steps < self.min_steps or (held.gain or 0.0) >= 1.0:
+        if held is None or not self._losing(held):
             return True
         held.closed += 1
         if held.next_probe == 0:
-            held.next_probe = self.first_probe
+            held.next_probe = self.probe_every * size
         if held.closed >= held.next_probe:
             held.next_probe = 2 * held.closed
             self.probed_steps += 1

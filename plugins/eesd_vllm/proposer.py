@@ -31,14 +31,16 @@ zero included, from what it learnt of acceptance and from the measured costs: th
 time, and the time vLLM takes between two calls, which is its verification pass. Every step is
 reported to it, plain ones too (a controller that learns costs by k needs both), and the first
 costs it sees are not a cold call's: the proposer drafts twice for throwaway requests when it
-loads. A row that drafts nothing this step costs nothing: the tokens its cache lacks wait, and run
-in one pass when it next drafts. That catching up is charged to the step's drafts when it covers
-no more than a round's tokens (the last draft vLLM kept: drafting every step is what makes it run
-each step), and then the rows that draft together catch up together, in one pass at the start of
-their joined round; a longer backlog (a prompt, a stretch of plain steps) happens once, runs on
-its own and is not charged. The last draft of a
+loads. A row that drafts nothing this step costs nothing: the tokens its cache lacks wait until it
+next drafts. Catching up on no more than a round's tokens (the last draft vLLM kept: drafting every
+step is what makes it run each step) runs in the pass of the round's first draft step, for all the
+rows drafting together, and is charged to the step's drafts; a longer backlog (a prompt, a stretch
+of plain steps) happens once, runs in a pass of its own and is not charged. The last draft of a
 round is not fed through layers [0, N): if vLLM keeps it, it runs with the next tokens vLLM
-commits. The rows that draft do so together, one pass of layers [0, N) and the head per draft step
+commits. A gate (:mod:`eesd_vllm.gate`, option ``guard``) lets no row draft at a batch size where
+steps that drafted were measured slower than plain ones would have been, probing rarely.
+
+The rows that draft do so together, one pass of layers [0, N) and the head per draft step
 for all of them (the drafter's batch path over their caches, joined for the round), and a row the
 controller stops takes no more drafts. Drafts are the exit head's argmax. A controller with
 ``keep`` (the Thompson controller's default) is shown each draft's confidence before the draft is

@@ -28,13 +28,27 @@ def test_faster_drafting_steps_keep_it_open() -> None:
 
 
 def test_a_closed_gate_probes_ever_more_rarely_and_reopens_on_a_good_probe() -> None:
-    gate = DraftGate(min_steps=4, first_probe=8)
+    gate = DraftGate(min_steps=4, probe_every=2)
     scored(gate, 4, tokens=4, seconds=0.4)
     opened = [step for step in range(1, 200) if gate.open(4)]
-    assert opened == [8, 16, 32, 64, 128]  # closed steps at which it probed
+    assert opened == [8, 16, 32, 64, 128]  # closed steps at which it probed: from 2 x batch size
     assert gate.probed_steps == 5 and gate.closed_steps == 199 - 5
     scored(gate, 3, tokens=12, seconds=0.4)  # probes that paid well
     assert gate.gain(4) > 1 and gate.open(4)
+
+
+def test_noisy_steps_near_break_even_do_not_close_it() -> None:
+    """One request: steps committing one token or three, a gain a little below 1 on average but
+    within a standard error of it, keep the gate open; the same gain in steady steps closes it."""
+    noisy = DraftGate()
+    for step in range(12):
+        tokens = 1 if step % 3 else 3  # 5 tokens in 3 steps of 0.55 s, plain 0.3 s a token
+        noisy.score(1, tokens, 1, 0.55, plain_step=0.3)
+    assert noisy.gain(1) < 1 and noisy.open(1)
+    steady = DraftGate()
+    for _ in range(12):
+        steady.score(1, 1, 1, 0.33, plain_step=0.3)
+    assert steady.gain(1) < 1 and not steady.open(1)
 
 
 def test_steps_without_a_plain_time_are_not_scored() -> None:
