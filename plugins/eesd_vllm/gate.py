@@ -14,12 +14,14 @@ ratio of the two sums, older steps weighing less (``decay`` per step scored): ab
 steps were faster than plain ones would have been. The gate closes when the gain is below 1 by
 more than ``z`` standard errors (from the spread of the steps' own ratios, after at least
 ``min_steps``), so that the noisy first steps of a controller still learning, at one request
-where a step commits one token or five, do not close it: then no request of a step of that batch
-size drafts, except in probes, after ``8 * size`` closed steps and then after twice as many each
-time, so that a drafter that got better, or a bad stretch, is noticed at a cost that shrinks as
-the evidence grows. Probes are dear, and dearer with more requests: a request that has not drafted
-for a while must first run every token since through the proposer's layers. A probe that pays
-reopens the gate. Steps the gate closes are plain, and measure the plain step the score relies on.
+where a step commits one token or five, do not close it. Then no request of a step of that batch
+size drafts, except in probes, after ``probe_every * size`` closed steps and then after twice as
+many each time, so that a drafter that got better, or a bad stretch, is noticed at a cost that
+shrinks as the evidence grows. Probes are dear, and dearer with more requests: a request that has
+not drafted for a while must first run every token since (its prompt too, if it never drafted)
+through the proposer's layers, which at four requests on a 2-core CPU cost a second or more. The
+gate reopens only when the gain itself is back at 1 or above, not merely within a standard error
+of it. Steps the gate closes are plain, and measure the plain step the score relies on.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class _Score:
     saved: float = 0.0  # plain time of the committed tokens, decayed
     spent: float = 0.0  # time of the drafting steps, decayed
     steps: int = 0
+    shut: bool = False  # closed: drafting steps lost; reopened when the gain is back at 1
     closed: int = 0  # steps the gate closed since it last opened
     next_probe: int = 0  # the closed step that probes next
     weight: float = 0.0  # decayed sums over the steps' own ratios: of 1, 1 squared, r and r^2
@@ -60,7 +63,7 @@ class DraftGate:
     (:meth:`score`)."""
 
     def __init__(
-        self, decay: float = 0.95, min_steps: int = 12, z: float = 1.0, probe_every: int = 8
+        self, decay: float = 0.95, min_steps: int = 12, z: float = 1.0, probe_every: int = 64
     ) -> None:
         self.decay, self.min_steps, self.z, self.probe_every = decay, min_steps, z, probe_every
         self.scores: dict[int, _Score] = {}
@@ -79,22 +82,21 @@ class DraftGate:
         held.weight, held.weight2 = d * held.weight + 1.0, d * d * held.weight2 + 1.0
         held.first, held.second = d * held.first + ratio, d * held.second + ratio * ratio
         held.steps += 1
-        if not self._losing(held):
-            held.closed, held.next_probe = 0, 0
+        gain = held.gain or 0.0
+        if held.shut and gain >= 1.0:
+            held.shut, held.closed, held.next_probe = False, 0, 0
+        elif not held.shut and held.steps >= self.min_steps and gain + self.z * held.error < 1.0:
+            held.shut = True
 
     def gain(self, size: int) -> float | None:
         held = self.scores.get(size)
         return None if held is None else held.gain
 
-    def _losing(self, held: _Score) -> bool:
-        gain = held.gain
-        return held.steps >= self.min_steps and gain is not None and gain + self.z * held.error < 1.0
-
     def open(self, size: int) -> bool:
         """Whether a step of batch size ``size`` may draft: yes until drafting steps were measured
         slower than plain ones, then only as a probe."""
         held = self.scores.get(size)
-        if held is None or not self._losing(held):
+        if held is None or not held.shut:
             return True
         held.closed += 1
         if held.next_probe == 0:

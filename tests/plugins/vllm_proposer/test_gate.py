@@ -33,6 +33,8 @@ def test_a_closed_gate_probes_ever_more_rarely_and_reopens_on_a_good_probe() -> 
     opened = [step for step in range(1, 200) if gate.open(4)]
     assert opened == [8, 16, 32, 64, 128]  # closed steps at which it probed: from 2 x batch size
     assert gate.probed_steps == 5 and gate.closed_steps == 199 - 5
+    scored(gate, 1, tokens=5, seconds=0.4)  # a probe that paid, not enough to bring the gain to 1
+    assert gate.gain(4) < 1 and not gate.open(4)
     scored(gate, 3, tokens=12, seconds=0.4)  # probes that paid well
     assert gate.gain(4) > 1 and gate.open(4)
 
