@@ -14,7 +14,9 @@ ratio of the two sums, older steps weighing less (``decay`` per step scored): ab
 steps were faster than plain ones would have been. The gate closes when the gain is below 1 by
 more than ``z`` standard errors (from the spread of the steps' own ratios, after at least
 ``min_steps``), so that the noisy first steps of a controller still learning, at one request
-where a step commits one token or five, do not close it. Then no request of a step of that batch
+where a step commits one token or five, do not close it; or when the gain is below ``floor``
+whatever the spread (many requests, where one that starts drafting first catches up on its whole
+prompt, make steps' times spiky and the spread wide). Then no request of a step of that batch
 size drafts, except in probes, after ``probe_every * size`` closed steps and then after twice as
 many each time, so that a drafter that got better, or a bad stretch, is noticed at a cost that
 shrinks as the evidence grows. Probes are dear, and dearer with more requests: a request that has
@@ -63,9 +65,15 @@ class DraftGate:
     (:meth:`score`)."""
 
     def __init__(
-        self, decay: float = 0.95, min_steps: int = 12, z: float = 1.0, probe_every: int = 64
+        self,
+        decay: float = 0.95,
+        min_steps: int = 12,
+        z: float = 1.0,
+        floor: float = 0.9,
+        probe_every: int = 64,
     ) -> None:
         self.decay, self.min_steps, self.z, self.probe_every = decay, min_steps, z, probe_every
+        self.floor = floor
         self.scores: dict[int, _Score] = {}
         self.closed_steps = 0
         self.probed_steps = 0
@@ -85,8 +93,8 @@ class DraftGate:
         gain = held.gain or 0.0
         if held.shut and gain >= 1.0:
             held.shut, held.closed, held.next_probe = False, 0, 0
-        elif not held.shut and held.steps >= self.min_steps and gain + self.z * held.error < 1.0:
-            held.shut = True
+        elif not held.shut and held.steps >= self.min_steps:
+            held.shut = gain < self.floor or gain + self.z * held.error < 1.0
 
     def gain(self, size: int) -> float | None:
         held = self.scores.get(size)

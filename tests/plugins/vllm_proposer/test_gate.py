@@ -44,13 +44,20 @@ def test_noisy_steps_near_break_even_do_not_close_it() -> None:
     within a standard error of it, keep the gate open; the same gain in steady steps closes it."""
     noisy = DraftGate()
     for step in range(12):
-        tokens = 1 if step % 3 else 3  # 5 tokens in 3 steps of 0.55 s, plain 0.3 s a token
-        noisy.score(1, tokens, 1, 0.55, plain_step=0.3)
+        tokens = 1 if step % 3 else 3  # 5 tokens in 3 steps of 0.52 s, plain 0.3 s a token
+        noisy.score(1, tokens, 1, 0.52, plain_step=0.3)
     assert noisy.gain(1) < 1 and noisy.open(1)
     steady = DraftGate()
     for _ in range(12):
         steady.score(1, 1, 1, 0.33, plain_step=0.3)
     assert steady.gain(1) < 1 and not steady.open(1)
+
+
+def test_a_clear_loss_closes_it_however_spread_the_steps() -> None:
+    gate = DraftGate(floor=0.9)
+    for step in range(12):  # 16 tokens a step, some steps dear (a request catching up on its prompt)
+        gate.score(16, 16, 16, 0.9 if step % 4 == 0 else 0.31, plain_step=0.3)
+    assert gate.gain(16) < 0.9 and not gate.open(16)
 
 
 def test_steps_without_a_plain_time_are_not_scored() -> None:
