@@ -16,7 +16,10 @@ more than ``z`` standard errors (from the spread of the steps' own ratios, after
 ``min_steps``), so that the noisy first steps of a controller still learning, at one request
 where a step commits one token or five, do not close it; or when the gain is below ``floor``
 whatever the spread (many requests, where one that starts drafting first catches up on its whole
-prompt, make steps' times spiky and the spread wide). Then no request of a step of that batch
+prompt, make steps' times spiky and the spread wide); or, after ``quick_steps`` only, when it is
+below ``quick_floor`` (at sixteen requests on SmolLM2 a step whose requests first drafted took
+four plain steps' time, and such steps were too few in a wave to reach ``min_steps``). Then no
+request of a step of that batch
 size drafts, except in probes, after ``probe_every * size`` closed steps and then after twice as
 many each time, so that a drafter that got better, or a bad stretch, is noticed at a cost that
 shrinks as the evidence grows. Probes are dear, and dearer with more requests: a request that has
@@ -70,10 +73,12 @@ class DraftGate:
         min_steps: int = 12,
         z: float = 1.0,
         floor: float = 0.9,
+        quick_steps: int = 3,
+        quick_floor: float = 0.75,
         probe_every: int = 64,
     ) -> None:
         self.decay, self.min_steps, self.z, self.probe_every = decay, min_steps, z, probe_every
-        self.floor = floor
+        self.floor, self.quick_steps, self.quick_floor = floor, quick_steps, quick_floor
         self.scores: dict[int, _Score] = {}
         self.closed_steps = 0
         self.probed_steps = 0
@@ -95,6 +100,8 @@ class DraftGate:
             held.shut, held.closed, held.next_probe = False, 0, 0
         elif not held.shut and held.steps >= self.min_steps:
             held.shut = gain < self.floor or gain + self.z * held.error < 1.0
+        elif not held.shut and held.steps >= self.quick_steps:
+            held.shut = gain < self.quick_floor
 
     def gain(self, size: int) -> float | None:
         held = self.scores.get(size)

@@ -60,6 +60,17 @@ def test_a_clear_loss_closes_it_however_spread_the_steps() -> None:
     assert gate.gain(16) < 0.9 and not gate.open(16)
 
 
+def test_a_heavy_loss_closes_it_after_a_few_steps() -> None:
+    gate = DraftGate(min_steps=12, quick_steps=3, quick_floor=0.75)
+    scored(gate, 2, tokens=5, seconds=0.9, size=16)  # requests catching up on their prompts
+    assert gate.open(16)
+    scored(gate, 1, tokens=5, seconds=0.9, size=16)
+    assert gate.gain(16) < 0.75 and not gate.open(16)
+    early = DraftGate(min_steps=12, quick_steps=3, quick_floor=0.75)
+    scored(early, 3, tokens=4, seconds=0.36)  # a controller's first, noisy steps: 0.83
+    assert early.open(4)
+
+
 def test_steps_without_a_plain_time_are_not_scored() -> None:
     gate = DraftGate(min_steps=1)
     gate.score(4, 4, 4, 0.5, plain_step=None)
