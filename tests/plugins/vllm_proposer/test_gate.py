@@ -12,10 +12,10 @@ def scored(gate: DraftGate, steps: int, tokens: int, seconds: float, size: int =
 
 def test_the_gate_stays_open_until_drafting_steps_are_measured_slower() -> None:
     gate = DraftGate(min_steps=12)
-    scored(gate, 11, tokens=4, seconds=0.5)  # slower than plain (4 tokens in 0.3 s)
-    assert gate.open(4)  # too few steps to judge
-    scored(gate, 1, tokens=4, seconds=0.5)
-    assert abs(gate.gain(4) - 0.6) < 1e-9
+    scored(gate, 11, tokens=4, seconds=0.375)  # slower than plain (4 tokens in 0.3 s)
+    assert gate.open(4)  # too few steps to judge a gain of 0.8
+    scored(gate, 1, tokens=4, seconds=0.375)
+    assert abs(gate.gain(4) - 0.8) < 1e-9
     assert not gate.open(4)
     assert gate.open(1)  # another batch size is judged on its own
 
