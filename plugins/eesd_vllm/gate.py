@@ -107,9 +107,13 @@ class DraftGate:
         held = self.scores.get(size)
         return None if held is None else held.gain
 
-    def open(self, size: int) -> bool:
-        """Whether a step of batch size ``size`` may draft: yes until drafting steps were measured
-        slower than plain ones, then only as a probe."""
+    def open(self, size: int, plain_known: bool = True) -> bool:
+        """Whether a step of batch size ``size`` may draft: not before a plain step of that size
+        was measured (``plain_known``: the score's yardstick, which a modelled value would not
+        be), then yes until drafting steps were measured slower than plain ones, then only as a
+        probe."""
+        if not plain_known:
+            return False
         held = self.scores.get(size)
         if held is None or not held.shut:
             return True

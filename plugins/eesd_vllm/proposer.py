@@ -377,7 +377,7 @@ class EarlyExitProposer:
         rows = len(sampled_token_ids)
         seconds = self._observe_step(started)
         costs = self._tracker(rows).snapshot()
-        may_draft = self.gate is None or self.gate.open(_bucket(rows))
+        may_draft = self.gate is None or self.gate.open(_bucket(rows), self._plain_step(rows) is not None)
         self.stats["gated"] += not may_draft
         lengths: dict[int, int] = {}  # id of a claimed cache -> the request's length now
         claimed: set[int] = set()
@@ -531,7 +531,15 @@ class EarlyExitProposer:
             return
         tokens = sum(max(lengths.get(id(e), 0) - then, 1) for e, then in scored)
         rows = len(scored)
-        self.gate.score(_bucket(rows), tokens, rows, seconds, self._tracker(rows).snapshot().plain_step)
+        self.gate.score(_bucket(rows), tokens, rows, seconds, self._plain_step(rows))
+
+    def _plain_step(self, rows: int) -> float | None:
+        """A plain step's measured time at this batch size (the proposer's and vLLM's), or None
+        while none was measured: not the cost model's value, which it may extrapolate from
+        drafting steps."""
+        tracker = self._tracker(rows)
+        verify = tracker.verify[1]
+        return None if verify is None else verify + (tracker.propose[0] or 0.0)
 
     def _claim(self, tokens: np.ndarray, claimed: set[int]) -> RequestCache:
         """The free cache sharing the longest prefix with ``tokens``, cut to it; or a new one."""

@@ -71,6 +71,11 @@ def test_a_heavy_loss_closes_it_after_a_few_steps() -> None:
     assert early.open(4)
 
 
+def test_no_drafting_before_a_plain_step_was_measured() -> None:
+    gate = DraftGate()
+    assert not gate.open(16, plain_known=False) and gate.open(16, plain_known=True)
+
+
 def test_steps_without_a_plain_time_are_not_scored() -> None:
     gate = DraftGate(min_steps=1)
     gate.score(4, 4, 4, 0.5, plain_step=None)

@@ -255,7 +255,7 @@ def test_a_top_input_head_drafts_what_eesds_own_engine_drafts(checkpoint, top_he
     model, config = _float64(checkpoint)
     prompt, limit = prompts_of(8, 1)[0], 40
     fixed = dict(controller="fixed", controller_options={"k": 3})
-    proposer = EarlyExitProposer(config, ProposerOptions(head=str(top_head), **fixed))
+    proposer = EarlyExitProposer(config, ProposerOptions(head=str(top_head), guard=False, **fixed))
     rounds: list[tuple[int, int]] = []
     update = proposer.controller.update
     proposer.controller.update = lambda o, f=update: rounds.append((o.drafted, o.accepted)) or f(o)  # type: ignore[method-assign]
@@ -289,7 +289,7 @@ def test_requests_drafting_together_propose_what_they_would_alone(  # noqa: ANN0
     for together in (True, False):
         head = plain_head if kind == "plain" else top_head
         options = ProposerOptions(
-            head=str(head), controller=controller, controller_options=controller_options
+            head=str(head), controller=controller, controller_options=controller_options, guard=False
         )
         proposer = EarlyExitProposer(config, options)
         if not together:
@@ -327,7 +327,7 @@ def test_a_second_batch_reuses_nothing_it_should_not(checkpoint) -> None:  # noq
 
 
 def test_a_finished_request_leaves_its_cache(checkpoint) -> None:  # noqa: ANN001
-    options = ProposerOptions(exit_layer=2, head=None, controller="fixed", controller_options={"k": 2})
+    options = ProposerOptions(exit_layer=2, head=None, controller="fixed", controller_options={"k": 2}, guard=False)
     proposer = EarlyExitProposer(vllm_config(checkpoint, k=2), options)
     table = np.zeros((4, 200), dtype=np.int32)
     table[0, :5], table[1, :4] = [3, 4, 5, 6, 7], [8, 9, 10, 11]
@@ -348,7 +348,7 @@ def test_catching_up_on_the_round_before_is_charged_to_the_drafts(checkpoint) ->
     the first draft, does not."""
     import time
 
-    options = ProposerOptions(exit_layer=2, head=None, controller="fixed", controller_options={"k": 2})
+    options = ProposerOptions(exit_layer=2, head=None, controller="fixed", controller_options={"k": 2}, guard=False)
     proposer = EarlyExitProposer(vllm_config(checkpoint, k=2), options)
     eager, folded, lag = proposer._catch_up, proposer.drafter.catch_up, 0.05
 
@@ -472,7 +472,7 @@ def test_drafts_taken_back_change_no_token_and_are_judged_by_the_next_step(check
     config.model_config.dtype = torch.float64
     proposals, judged = [], []
     for together in (True, False):
-        proposer = EarlyExitProposer(config, ProposerOptions(head=str(plain_head), controller="fixed"))
+        proposer = EarlyExitProposer(config, ProposerOptions(head=str(plain_head), controller="fixed", guard=False))
         controller = proposer.controller = TakesBack()
         proposer.keep = controller.keep
         if not together:
@@ -518,7 +518,7 @@ class RecordingGate:
     def __init__(self, opens: bool = True) -> None:
         self.opens, self.scores = opens, []
 
-    def open(self, size: int) -> bool:
+    def open(self, size: int, plain_known: bool = True) -> bool:
         return self.opens
 
     def score(self, size: int, tokens: int, rows: int, seconds: float, plain_step: float | None) -> None:
