@@ -327,7 +327,9 @@ def test_a_second_batch_reuses_nothing_it_should_not(checkpoint) -> None:  # noq
 
 
 def test_a_finished_request_leaves_its_cache(checkpoint) -> None:  # noqa: ANN001
-    options = ProposerOptions(exit_layer=2, head=None, controller="fixed", controller_options={"k": 2}, guard=False)
+    options = ProposerOptions(
+        exit_layer=2, head=None, controller="fixed", controller_options={"k": 2}, guard=False
+    )
     proposer = EarlyExitProposer(vllm_config(checkpoint, k=2), options)
     table = np.zeros((4, 200), dtype=np.int32)
     table[0, :5], table[1, :4] = [3, 4, 5, 6, 7], [8, 9, 10, 11]
@@ -348,7 +350,9 @@ def test_catching_up_on_the_round_before_is_charged_to_the_drafts(checkpoint) ->
     the first draft, does not."""
     import time
 
-    options = ProposerOptions(exit_layer=2, head=None, controller="fixed", controller_options={"k": 2}, guard=False)
+    options = ProposerOptions(
+        exit_layer=2, head=None, controller="fixed", controller_options={"k": 2}, guard=False
+    )
     proposer = EarlyExitProposer(vllm_config(checkpoint, k=2), options)
     eager, folded, lag = proposer._catch_up, proposer.drafter.catch_up, 0.05
 
@@ -472,7 +476,8 @@ def test_drafts_taken_back_change_no_token_and_are_judged_by_the_next_step(check
     config.model_config.dtype = torch.float64
     proposals, judged = [], []
     for together in (True, False):
-        proposer = EarlyExitProposer(config, ProposerOptions(head=str(plain_head), controller="fixed", guard=False))
+        options = ProposerOptions(head=str(plain_head), controller="fixed", guard=False)
+        proposer = EarlyExitProposer(config, options)
         controller = proposer.controller = TakesBack()
         proposer.keep = controller.keep
         if not together:
