@@ -225,6 +225,14 @@ def main() -> int:
             + f"), proposer {summary['propose_ms_per_step']:.1f} ms/step, acceptance "
             f"{summary['acceptance']:.2f}, drafts/request-step {summary['drafts_per_request_step']:.2f}",
         )
+        if proposer.gate is not None:
+            print(
+                "  gate: " + "; ".join(
+                    f"size {size}: gain {g['gain'] or 0:.3f} +- {min(g['error'], 9):.3f}, {g['steps']} steps"
+                    + (", shut" if g["shut"] else "")
+                    for size, g in proposer.gate.summary().items()
+                ) + f"; closed steps {proposer.gate.closed_steps}, probes {proposer.gate.probed_steps}"
+            )
     if profiler:
         pstats.Stats(profiler).sort_stats("cumulative").print_stats(30)
     if args.out:

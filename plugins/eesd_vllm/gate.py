@@ -27,6 +27,15 @@ not drafted for a while must first run every token since (its prompt too, if it 
 through the proposer's layers, which at four requests on a 2-core CPU cost a second or more. The
 gate reopens only when the gain itself is back at 1 or above, not merely within a standard error
 of it. Steps the gate closes are plain, and measure the plain step the score relies on.
+
+From ``proof_from`` requests on, drafting must show its gain rather than merely not show a loss:
+after ``min_steps`` the gate closes unless the gain is above 1 by a standard error, and reopens
+only then. With several requests a CPU pass is no longer bound by reading the weights, every draft
+adds verified positions to it, and drafting, where it does not clearly pay, is break-even at best;
+break-even drafting still loses to plain decoding, through what the score leaves out (vLLM
+schedules a speculative step synchronously; requests finish at different steps, and in a wave the
+last ones run alone at nearly the cost of all). At one request, where steps are noisiest and
+drafting pays most, the gate asks only that drafting shows no loss.
 """
 
 from __future__ import annotations
@@ -76,8 +85,10 @@ class DraftGate:
         quick_steps: int = 3,
         quick_floor: float = 0.75,
         probe_every: int = 64,
+        proof_from: int = 2,
     ) -> None:
         self.decay, self.min_steps, self.z, self.probe_every = decay, min_steps, z, probe_every
+        self.proof_from = proof_from
         self.floor, self.quick_steps, self.quick_floor = floor, quick_steps, quick_floor
         self.scores: dict[int, _Score] = {}
         self.closed_steps = 0
@@ -96,12 +107,23 @@ class DraftGate:
         held.first, held.second = d * held.first + ratio, d * held.second + ratio * ratio
         held.steps += 1
         gain = held.gain or 0.0
-        if held.shut and gain >= 1.0:
+        # the gain that must reach 1: at one request the gain itself; from proof_from requests
+        # on, the gain less a standard error (drafting must show that it pays)
+        proof = size >= self.proof_from
+        shown = gain - self.z * held.error if proof else gain
+        if held.shut and shown >= 1.0:
             held.shut, held.closed, held.next_probe = False, 0, 0
         elif not held.shut and held.steps >= self.min_steps:
-            held.shut = gain < self.floor or gain + self.z * held.error < 1.0
+            held.shut = gain < self.floor or gain + self.z * held.error < 1.0 or (proof and shown < 1.0)
         elif not held.shut and held.steps >= self.quick_steps:
             held.shut = gain < self.quick_floor
+
+    def summary(self) -> dict[int, dict[str, float | int | bool | None]]:
+        """Per batch size: the gain, its standard error, the steps scored and whether it is shut."""
+        return {
+            size: {"gain": held.gain, "error": held.error, "steps": held.steps, "shut": held.shut}
+            for size, held in sorted(self.scores.items())
+        }
 
     def gain(self, size: int) -> float | None:
         held = self.scores.get(size)

@@ -80,3 +80,28 @@ def test_steps_without_a_plain_time_are_not_scored() -> None:
     gate = DraftGate(min_steps=1)
     gate.score(4, 4, 4, 0.5, plain_step=None)
     assert gate.gain(4) is None and gate.open(4)
+
+
+def test_from_two_requests_drafting_must_show_a_gain() -> None:
+    """Break-even drafting steps (gains of 0.9 and 1.1 in turn) close the gate at four requests,
+    where drafting must be shown to pay, and leave it open at one, where it need only not lose;
+    drafting that pays by more than its spread keeps it open at four."""
+    def alternate(gate: DraftGate, size: int, steps: int, low: float, high: float) -> None:
+        for step in range(steps):
+            gain = low if step % 2 else high
+            gate.score(size, size, size, 0.3 / gain, plain_step=0.3)
+
+    even = DraftGate(min_steps=12, proof_from=2)
+    alternate(even, 4, 11, 0.9, 1.1)
+    assert even.open(4)  # too few steps to judge
+    alternate(even, 4, 1, 0.9, 1.1)
+    assert abs(even.gain(4) - 1.0) < 0.02 and not even.open(4)
+    alone = DraftGate(min_steps=12, proof_from=2)
+    alternate(alone, 1, 12, 0.9, 1.1)
+    assert alone.open(1)
+    paying = DraftGate(min_steps=12, proof_from=2)
+    alternate(paying, 4, 40, 1.1, 1.3)
+    assert paying.open(4) and paying.closed_steps == 0
+    lenient = DraftGate(min_steps=12, proof_from=8)
+    alternate(lenient, 4, 12, 0.9, 1.1)
+    assert lenient.open(4)
