@@ -150,9 +150,10 @@ class EarlyExitProposer:
         self._positions: tuple[torch.Tensor, torch.Tensor] | None = None
         self.trackers: dict[int, CostTracker] = {}
         # rows, most drafts, propose seconds, end, whether a row with the most drafts took one back
-        self._previous: tuple[int, int, float, float, bool] | None = None
+        self._previous: tuple[int, int, float, float, bool, int] | None = None
+        self._fed: int | None = None  # tokens of vLLM's last pass, when the model could be hooked
         # the previous step's rows (cache, length then) when some request drafted in it
-        self._scored: list[tuple[RequestCache, int]] | None = None
+        self._scored: list[tuple[RequestCache, int, int]] | None = None
         self._spent = 0.0
         self.gate = DraftGate() if self.options.guard else None
         self.repaired = repair_cpu_expand()
@@ -167,6 +168,7 @@ class EarlyExitProposer:
             caught_together=0,  # rows of joined rounds that caught up in the round's joined pass
             without_top_states=0,
             gated=0,  # steps in which the gate let no request draft
+            prefill_passes=0,  # passes that also ran prompts: not measured
             seconds=0.0,
         )
         self._load()
@@ -295,8 +297,11 @@ class EarlyExitProposer:
 
     def load_model(self, target_model: Any) -> None:
         """vLLM hands over its own model; the proposer keeps its copy (vLLM's layers cannot be
-        called outside vLLM's forward context). For a top-input head it hooks the model to read
-        the last-layer states of every pass."""
+        called outside vLLM's forward context). It hooks the model to count the tokens of every
+        pass (one that also ran some request's prompt is no measure of a step) and, for a
+        top-input head, to read the last-layer states of every pass."""
+        if isinstance(target_model, torch.nn.Module):
+            target_model.register_forward_pre_hook(self._count_fed, with_kwargs=True)
         if not self.drafter.reads_top_states:
             return
         norm = getattr(getattr(target_model, "model", None), "norm", None)
@@ -307,6 +312,19 @@ class EarlyExitProposer:
             )
         target_model.register_forward_pre_hook(self._see_positions, with_kwargs=True)
         norm.register_forward_hook(self._see_states)
+
+    def _count_fed(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """How many tokens vLLM's pass runs (its requests' query lengths, padding left out)."""
+        from vllm.forward_context import get_forward_context, is_forward_context_available
+
+        self._fed = None
+        if not is_forward_context_available():
+            return
+        metadata = get_forward_context().attn_metadata
+        if isinstance(metadata, dict):
+            starts = next((getattr(m, "query_start_loc", None) for m in metadata.values()), None)
+            if isinstance(starts, torch.Tensor) and starts.numel():
+                self._fed = int(starts[-1])
 
     def _see_positions(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         ids = kwargs.get("input_ids", args[0] if args else None)
@@ -418,12 +436,17 @@ class EarlyExitProposer:
                 for (row, *_), drafts in zip(group, self._draft_together(group, costs), strict=True):
                     out[row] = drafts
         self._score(seconds, lengths, costs)
-        self._scored = [(e, e.committed) for e in self.caches if id(e) in lengths] if group else None
+        if group:  # each request's cache, its length now, and the most it can commit: drafts + 1
+            most = {id(entry): len(out[row]) + 1 for row, entry, _, _ in group}
+            self._scored = [(e, e.committed, most.get(id(e), 1)) for e in self.caches if id(e) in lengths]
+        else:
+            self._scored = None
         self._forget(claimed)
         finished = time.perf_counter()
         longest = max(map(len, out), default=0)
         peeked = any(entry.withdrawn is not None and len(entry.drafts) == longest for _, entry, _, _ in group)
-        self._previous = (rows, longest, finished - started - caught, finished, peeked)
+        positions = rows + sum(map(len, out))  # what the next pass verifies, at most
+        self._previous = (rows, longest, finished - started - caught, finished, peeked, positions)
         self._spent = finished - started  # all of it, catching up included (the gate's score)
         self.stats["steps"] += 1
         self.stats["rows"] += rows
@@ -512,9 +535,13 @@ class EarlyExitProposer:
     def _observe_step(self, now: float) -> float | None:
         """The previous step's costs: this proposer's time, and vLLM's pass in between; the
         step's whole time (for the gate), or None when the engine sat idle in between."""
+        fed, self._fed = self._fed, None
         if self._previous is None:
             return None
-        rows, longest, propose_time, ended, peeked = self._previous
+        rows, longest, propose_time, ended, peeked, positions = self._previous
+        if fed is not None and fed > positions:
+            self.stats["prefill_passes"] += 1
+            return None  # the pass also ran some request's prompt: not a step's cost
         tracker, between = self._tracker(rows), now - ended
         known = tracker.verify[longest + 1]
         if known is not None and between > 4 * known:
@@ -524,12 +551,15 @@ class EarlyExitProposer:
 
     def _score(self, seconds: float | None, lengths: dict[int, int], costs: Any) -> None:
         """Tell the gate what the previous step gained, if some request drafted in it: the tokens
-        its requests committed (one for a request that has finished since: its last is unseen,
-        and its cache may have gone to a new request sharing a prefix with it)."""
+        its requests committed. One for a request that has finished since (its last is unseen),
+        or whose cache another request took since, which a cache's length grown by more than the
+        request's drafts and one tells (requests sharing a prefix: a chat template's system
+        prompt, a prompt served twice)."""
         scored, self._scored = self._scored, None
         if self.gate is None or scored is None or seconds is None:
             return
-        tokens = sum(max(lengths.get(id(e), 0) - then, 1) for e, then in scored)
+        grown = ((lengths.get(id(e), 0) - then, most) for e, then, most in scored)
+        tokens = sum(n if 1 <= n <= most else 1 for n, most in grown)
         rows = len(scored)
         self.gate.score(_bucket(rows), tokens, rows, seconds, self._plain_step(rows))
 

@@ -552,6 +552,24 @@ def test_the_gate_is_told_what_a_drafting_step_committed(checkpoint) -> None:  #
     assert gate.scores[-1][1:3] == (1 + 1, 2)
 
 
+def test_a_cache_another_request_took_counts_one_token(checkpoint) -> None:  # noqa: ANN001
+    """A request that finished leaves its cache to a new one sharing its prefix (a system prompt):
+    the cache's length jumps by the new request's prompt, which the score must not count as
+    tokens the drafting step committed."""
+    options = ProposerOptions(exit_layer=2, head=None, controller="fixed", controller_options={"k": 2})
+    proposer = EarlyExitProposer(vllm_config(checkpoint, k=2), options)
+    proposer.gate = gate = RecordingGate()
+    table = np.zeros((2, 200), dtype=np.int32)
+    table[0, :5], table[1, :4] = [3, 4, 5, 6, 7], [8, 9, 10, 11]
+    drafts = proposer.propose([[7], [11]], np.array([5, 4]), table)
+    assert [len(d) for d in drafts] == [2, 2]
+    table[0, 5:60] = np.arange(20, 75)  # the first finished; a new request shares its five tokens
+    table[1, 4] = 61  # the second kept none
+    proposer.propose([[74], [61]], np.array([60, 5]), table)
+    (size, tokens, rows, _), = gate.scores
+    assert (size, tokens, rows) == (2, 1 + 1, 2)
+
+
 def test_a_closed_gate_leaves_every_request_plain(checkpoint) -> None:  # noqa: ANN001
     from transformers import AutoModelForCausalLM
 
