@@ -5,13 +5,24 @@ vLLM turns off for custom proposers), ``ngram`` (vLLM's prompt lookup), ``draft`
 model, ``--draft-model``), ``eesd`` (the eesd proposer, head ``auto``). Each method runs in a
 process of its own (two engines do not share a process), and the processes take turns:
 ``--rounds`` rounds of every method, the order rotating each round, so that slow drifts of the
-machine fall on every method alike. Inside a process, each concurrency level c runs its prompts in
-waves of c requests submitted together, after one untimed warm-up wave. Throughput is new tokens
-over wall time; latency is the wave's time (every request of a wave finishes within it). Greedy
-outputs of every method must equal plain vLLM's, prompt by prompt.
+machine fall on every method alike. Inside a process, each concurrency level c runs its prompts
+after one untimed warm-up of c requests, in one of two schedules (``--schedule``):
+
+- ``waves``: waves of c requests submitted together, each wave waiting for its last request (a
+  client that sends c at a time). Latency is the wave's time.
+- ``in-flight``: every prompt submitted at once, the scheduler running at most c and admitting the
+  next as soon as one finishes (continuous batching at a fixed concurrency, as a server under c
+  clients; what serving benchmarks call a concurrency of c). Latency is the mean time a request
+  spends running, by Little's law: c x wall time / requests.
+
+A speculative method's requests finish at different steps; in waves, the wave's last steps then run
+one or two requests at nearly the cost of c, which in-flight serving fills with the next requests.
+Throughput is new tokens over wall time. Greedy outputs of every method must equal plain vLLM's,
+prompt by prompt.
 
     python benchmarks/vllm_serving.py --model smollm2-135m-instruct --methods plain ngram eesd \\
-        --concurrency 1 4 16 --prompts 16 --max-tokens 64 --rounds 2 --out benchmarks/out/vllm.json
+        --concurrency 1 4 16 --prompts 16 --max-tokens 64 --rounds 2 --schedule in-flight \\
+        --out benchmarks/out/vllm.json
 
 It needs vLLM's CPU build in the environment (``make test-vllm`` makes one in ``.venv-vllm``).
 """
@@ -56,7 +67,8 @@ def encode(model: str, count: int, seed: int, questions: str | None = None) -> t
 
 
 def worker(args: argparse.Namespace) -> None:
-    """One method in this process: every concurrency level, in waves; JSON to ``--result``."""
+    """One method in this process: every concurrency level, in the schedule asked; JSON to
+    ``--result``."""
     from eesd_vllm import engine
 
     prompts = json.loads(Path(args.prompt_file).read_text())
@@ -75,28 +87,45 @@ def worker(args: argparse.Namespace) -> None:
     engine.run(llm, prompts[:2], args.max_tokens)  # warm-up
     out = {"method": args.method, "levels": {}}
     for c in args.concurrency:
-        waves = [prompts[i : i + c] for i in range(0, len(prompts), c)]
-        engine.run(llm, waves[0], args.max_tokens)  # warm-up at this concurrency
+        in_flight = args.schedule == "in-flight"  # then one call: the scheduler keeps c running
+        waves = [prompts] if in_flight else [prompts[i : i + c] for i in range(0, len(prompts), c)]
+        engine.run(llm, prompts[:c], args.max_tokens, in_flight=c if in_flight else None)  # warm-up
         before = dict(proposer.stats) if proposer is not None and hasattr(proposer, "stats") else None
         tokens, seconds = [], []
         for wave in waves:
-            result = engine.run(llm, wave, args.max_tokens)
+            result = engine.run(llm, wave, args.max_tokens, in_flight=c if in_flight else None)
             tokens.extend(result["tokens"])
             seconds.append(result["seconds"])
         level = {
             "tokens": tokens,
-            "wave_seconds": seconds,
             "new_tokens": sum(len(t) for t in tokens),
             "seconds": sum(seconds),
         }
+        if in_flight:
+            level["latency_seconds"] = c * sum(seconds) / len(prompts)
+        else:
+            level["wave_seconds"] = seconds
+            level["latency_seconds"] = statistics.median(seconds)
         if before is not None:
             after = proposer.stats
             level["proposer"] = {k: after[k] - before[k] for k in after}
+        if getattr(proposer, "gate", None) is not None:  # per batch size, after this level
+            level["gate"] = {
+                str(size): {k: (None if v == float("inf") else v) for k, v in g.items()}
+                for size, g in proposer.gate.summary().items()
+            }
         out["levels"][str(c)] = level
     if proposer is not None and hasattr(proposer, "memory_bytes"):
         out["proposer_bytes"] = proposer.memory_bytes()
         out["proposer"] = proposer.describe()
     Path(args.result).write_text(json.dumps(out))
+
+
+def _latency(level: dict) -> float:
+    """A level's latency: recorded, or (results from before the two schedules) the median wave."""
+    if "latency_seconds" in level:
+        return level["latency_seconds"]
+    return statistics.median(level["wave_seconds"])
 
 
 def summarize(runs: list[dict], methods: list[str], levels: list[int]) -> dict:
@@ -110,8 +139,8 @@ def summarize(runs: list[dict], methods: list[str], levels: list[int]) -> dict:
         mine = [r for r in runs if r["method"] == method]
         for c in map(str, levels):
             tps = [r["levels"][c]["new_tokens"] / r["levels"][c]["seconds"] for r in mine]
-            latency = [statistics.median(r["levels"][c]["wave_seconds"]) for r in mine]
-            row = {"tokens_per_second": statistics.median(tps), "wave_seconds": statistics.median(latency)}
+            latency = [_latency(r["levels"][c]) for r in mine]
+            row = {"tokens_per_second": statistics.median(tps), "latency_seconds": statistics.median(latency)}
             row["greedy_equal"] = all(r["levels"][c]["tokens"] == reference.get(c) for r in mine)
             stats = [r["levels"][c].get("proposer") for r in mine if r["levels"][c].get("proposer")]
             if stats:
@@ -146,6 +175,12 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--k", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--schedule",
+        choices=("waves", "in-flight"),
+        default="waves",
+        help="c requests at a time, each wave waiting for its last; or c always in flight",
+    )
     parser.add_argument("--options", default="{}", help="eesd proposer options (JSON)")
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--dtype", default="float32")
@@ -182,7 +217,7 @@ def main() -> int:
                     "--prompt-file", str(prompt_file), "--result", str(result),
                     "--max-tokens", str(args.max_tokens), "--k", str(args.k), "--options", args.options,
                     "--max-model-len", str(args.max_model_len), "--dtype", args.dtype,
-                    "--concurrency", *map(str, args.concurrency),
+                    "--concurrency", *map(str, args.concurrency), "--schedule", args.schedule,
                 ]  # fmt: skip
                 if args.memory_fraction is not None:
                     command += ["--memory-fraction", str(args.memory_fraction)]
@@ -199,7 +234,7 @@ def main() -> int:
                     file=sys.stderr,
                 )
     table = summarize(runs, args.methods, args.concurrency)
-    columns = ("method", "c", "tok/s", "vs plain", "wave s", "accept", "drafts/step", "back/step", "equal")
+    columns = ("method", "c", "tok/s", "vs plain", "latency", "accept", "drafts/step", "back/step", "equal")
     print("{:<8} {:>3} {:>8} {:>9} {:>8} {:>7} {:>11} {:>9} {:>6}".format(*columns))
     for method, rows in table.items():
         for c, row in rows.items():
@@ -207,7 +242,7 @@ def main() -> int:
             per, back = row.get("drafts_per_request_step"), row.get("withdrawn_per_request_step")
             print(
                 f"{method:<8} {c:>3} {row['tokens_per_second']:>8.1f} {row['vs_plain'] or 0:>8.3f}x "
-                f"{row['wave_seconds']:>8.2f} {'' if accept is None else f'{accept:.2f}':>7} "
+                f"{row['latency_seconds']:>8.2f} {'' if accept is None else f'{accept:.2f}':>7} "
                 f"{'' if per is None else f'{per:.2f}':>11} {'' if back is None else f'{back:.2f}':>9} "
                 f"{'yes' if row['greedy_equal'] else 'NO':>6}"
             )

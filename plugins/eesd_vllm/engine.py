@@ -88,10 +88,17 @@ def start(
 
 
 def run(
-    llm: Any, prompts: list[list[int]], max_tokens: int | list[int], temperature: float = 0.0, seed: int = 0
+    llm: Any,
+    prompts: list[list[int]],
+    max_tokens: int | list[int],
+    temperature: float = 0.0,
+    seed: int = 0,
+    in_flight: int | None = None,
 ) -> dict[str, Any]:
-    """Generate for every prompt at once (``max_tokens`` for all, or one per prompt); the tokens
-    of each, and the wall time of the call."""
+    """Generate for every prompt (``max_tokens`` for all, or one per prompt); the tokens of each,
+    and the wall time of the call. All are submitted at once; ``in_flight``: the scheduler admits at
+    most that many at a time and admits the next as soon as one finishes (continuous batching at a
+    fixed concurrency, as a server under that many clients), else every prompt runs at once."""
     from vllm import SamplingParams
 
     limits = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(prompts)
@@ -105,10 +112,28 @@ def run(
         )
         for i in range(len(prompts))
     ]
-    started = time.perf_counter()
-    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    seconds = time.perf_counter() - started
+    scheduler = _scheduler(llm) if in_flight is not None else None
+    if in_flight is not None and scheduler is None:
+        raise RuntimeError("in_flight needs an in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0)")
+    admitted = scheduler.max_num_active_reqs if scheduler is not None else None
+    if scheduler is not None:
+        scheduler.max_num_active_reqs = min(in_flight, scheduler.max_num_running_reqs)
+    try:
+        started = time.perf_counter()
+        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        seconds = time.perf_counter() - started
+    finally:
+        if scheduler is not None:
+            scheduler.max_num_active_reqs = admitted
     return {"tokens": [list(o.outputs[0].token_ids) for o in outputs], "seconds": seconds}
+
+
+def _scheduler(llm: Any) -> Any:
+    """The scheduler of an in-process engine, or None."""
+    try:
+        return llm.llm_engine.engine_core.engine_core.scheduler
+    except AttributeError:
+        return None
 
 
 def proposer_of(llm: Any) -> Any:
@@ -123,9 +148,8 @@ def proposer_of(llm: Any) -> Any:
 def count_preemptions(llm: Any) -> dict[str, int]:
     """A counter of the requests the scheduler of an in-process engine preempts from now on."""
     counter = {"preemptions": 0}
-    try:
-        scheduler = llm.llm_engine.engine_core.engine_core.scheduler
-    except AttributeError:
+    scheduler = _scheduler(llm)
+    if scheduler is None:
         return counter
     preempt = scheduler._preempt_request
 
@@ -135,6 +159,23 @@ def count_preemptions(llm: Any) -> dict[str, int]:
 
     scheduler._preempt_request = counting
     return counter
+
+
+def watch_running(llm: Any) -> dict[str, int]:
+    """The most requests the scheduler of an in-process engine ran in one step, from now on."""
+    seen = {"most_running": 0}
+    scheduler = _scheduler(llm)
+    if scheduler is None:
+        return seen
+    schedule = scheduler.schedule
+
+    def watching(*args: Any, **kwargs: Any) -> Any:
+        out = schedule(*args, **kwargs)
+        seen["most_running"] = max(seen["most_running"], len(scheduler.running))
+        return out
+
+    scheduler.schedule = watching
+    return seen
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument("--kv-blocks", type=int, default=None, help="a small KV budget forces preemption")
+    parser.add_argument("--in-flight", type=int, default=None, help="run at most this many requests at once")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument(
         "--memory-fraction", type=float, default=None, help="share of memory that must be free at start"
@@ -168,9 +210,9 @@ def main(argv: list[str] | None = None) -> int:
         dtype=args.dtype,
         memory_fraction=args.memory_fraction,
     )
-    preempted = count_preemptions(llm)
-    result = run(llm, prompts, args.max_tokens, args.temperature)
-    result.update(preempted)
+    preempted, running = count_preemptions(llm), watch_running(llm)
+    result = run(llm, prompts, args.max_tokens, args.temperature, in_flight=args.in_flight)
+    result.update(preempted, **running)
     proposer = proposer_of(llm)
     if proposer is not None and hasattr(proposer, "stats"):
         result["proposer"] = dict(proposer.stats, memory_bytes=proposer.memory_bytes())

@@ -192,3 +192,24 @@ def test_bad_configuration_fails_at_engine_start(checkpoint: Path, tmp_path: Pat
     assert "no exit-head file at '/nowhere/head.safetensors'" in missing.get("error", "")
     too_deep = serve(checkpoint, tmp_path, "eesd", options={"exit_layer": 4, "head": None}, max_tokens=4)
     assert "exit_layer=4 is out of range" in too_deep.get("error", "")
+
+
+def test_in_flight_serving_keeps_the_concurrency_and_the_outputs(checkpoint: Path, tmp_path: Path) -> None:
+    """The benchmark's in-flight schedule: at most two requests run at once, the next admitted as
+    one finishes; the proposer follows requests that join mid-stream, and greedy outputs stay
+    those of plain vLLM running every request at once."""
+    common = dict(max_tokens=LIMITS, k="4")
+    plain = serve(checkpoint, tmp_path, "plain", **common)
+    assert "error" not in plain, plain.get("error")
+    assert plain["most_running"] == len(LIMITS)
+    capped = serve(checkpoint, tmp_path, "plain", in_flight="2", **common)
+    assert "error" not in capped, capped.get("error")
+    options = {"exit_layer": EXIT, "head": None, "controller": "fixed", "controller_options": {"k": 4}}
+    eesd = serve(checkpoint, tmp_path, "eesd", in_flight="2", options=options, **common)
+    assert "error" not in eesd, eesd.get("error")
+    assert capped["most_running"] == 2 and eesd["most_running"] == 2
+    assert capped["tokens"] == plain["tokens"]
+    assert eesd["tokens"] == plain["tokens"]
+    assert eesd["proposer"]["accepted"] > 0
+    # passes that also ran an admitted request's prompt are told apart, and only they
+    assert 0 < eesd["proposer"]["prefill_passes"] < eesd["proposer"]["steps"] / 4
