@@ -81,6 +81,12 @@ Signal = tuple[float, float, float]  # a draft's q(token), top-1 probability and
 HEADS = Path(__file__).resolve().parent / "heads"
 
 
+def _capturing() -> bool:
+    """Whether a CUDA graph is being captured (no reading tensors back then; and a graph's
+    replays run no hooks, so passes inside graphs go unseen)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 def _bucket(rows: int) -> int:
     return next((b for b in BATCH_BUCKETS if rows <= b), BATCH_BUCKETS[-1])
 
@@ -318,7 +324,7 @@ class EarlyExitProposer:
         from vllm.forward_context import get_forward_context, is_forward_context_available
 
         self._fed = None
-        if not is_forward_context_available():
+        if not is_forward_context_available() or _capturing():
             return
         metadata = get_forward_context().attn_metadata
         if isinstance(metadata, dict):
@@ -338,7 +344,7 @@ class EarlyExitProposer:
         from vllm.forward_context import get_forward_context, is_forward_context_available
 
         inputs, self._positions = self._positions, None
-        if inputs is None or not is_forward_context_available():
+        if inputs is None or not is_forward_context_available() or _capturing():
             return
         ids, positions = inputs
         states = output[1] if isinstance(output, tuple) and len(output) > 1 else args[0]
