@@ -145,36 +145,33 @@ def proposer_of(llm: Any) -> Any:
         return None
 
 
+def _after(llm: Any, method: str, then: Any) -> None:
+    """Call ``then(scheduler)`` after every call of the scheduler's ``method`` (an in-process
+    engine's; nothing otherwise)."""
+    scheduler = _scheduler(llm)
+    if scheduler is None:
+        return
+    original = getattr(scheduler, method)
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        out = original(*args, **kwargs)
+        then(scheduler)
+        return out
+
+    setattr(scheduler, method, wrapped)
+
+
 def count_preemptions(llm: Any) -> dict[str, int]:
     """A counter of the requests the scheduler of an in-process engine preempts from now on."""
     counter = {"preemptions": 0}
-    scheduler = _scheduler(llm)
-    if scheduler is None:
-        return counter
-    preempt = scheduler._preempt_request
-
-    def counting(*args: Any, **kwargs: Any) -> Any:
-        counter["preemptions"] += 1
-        return preempt(*args, **kwargs)
-
-    scheduler._preempt_request = counting
+    _after(llm, "_preempt_request", lambda _: counter.update(preemptions=counter["preemptions"] + 1))
     return counter
 
 
 def watch_running(llm: Any) -> dict[str, int]:
     """The most requests the scheduler of an in-process engine ran in one step, from now on."""
     seen = {"most_running": 0}
-    scheduler = _scheduler(llm)
-    if scheduler is None:
-        return seen
-    schedule = scheduler.schedule
-
-    def watching(*args: Any, **kwargs: Any) -> Any:
-        out = schedule(*args, **kwargs)
-        seen["most_running"] = max(seen["most_running"], len(scheduler.running))
-        return out
-
-    scheduler.schedule = watching
+    _after(llm, "schedule", lambda s: seen.update(most_running=max(seen["most_running"], len(s.running))))
     return seen
 
 

@@ -530,16 +530,22 @@ class RecordingGate:
         self.scores.append((size, tokens, rows, seconds))
 
 
-def test_the_gate_is_told_what_a_drafting_step_committed(checkpoint) -> None:  # noqa: ANN001
-    """A step's score counts the tokens each of its requests committed (kept drafts and vLLM's
-    token), one for a request that finished since, and the step's whole time; a step in which no
-    request drafted is not scored."""
+def two_drafting_requests(checkpoint) -> tuple:  # noqa: ANN001
+    """A proposer drafting two tokens for each of two requests, its gate recording the scores,
+    vLLM's token table, and the first step's drafts."""
     options = ProposerOptions(exit_layer=2, head=None, controller="fixed", controller_options={"k": 2})
     proposer = EarlyExitProposer(vllm_config(checkpoint, k=2), options)
     proposer.gate = gate = RecordingGate()
     table = np.zeros((2, 200), dtype=np.int32)
     table[0, :5], table[1, :4] = [3, 4, 5, 6, 7], [8, 9, 10, 11]
-    drafts = proposer.propose([[7], [11]], np.array([5, 4]), table)
+    return proposer, gate, table, proposer.propose([[7], [11]], np.array([5, 4]), table)
+
+
+def test_the_gate_is_told_what_a_drafting_step_committed(checkpoint) -> None:  # noqa: ANN001
+    """A step's score counts the tokens each of its requests committed (kept drafts and vLLM's
+    token), one for a request that finished since, and the step's whole time; a step in which no
+    request drafted is not scored."""
+    proposer, gate, table, drafts = two_drafting_requests(checkpoint)
     assert [len(d) for d in drafts] == [2, 2] and gate.scores == []
     table[0, 5:7], table[0, 7] = drafts[0], 60  # the first kept both drafts and added a token
     table[1, 4] = 61  # the second kept none
@@ -556,12 +562,7 @@ def test_a_cache_another_request_took_counts_one_token(checkpoint) -> None:  # n
     """A request that finished leaves its cache to a new one sharing its prefix (a system prompt):
     the cache's length jumps by the new request's prompt, which the score must not count as
     tokens the drafting step committed."""
-    options = ProposerOptions(exit_layer=2, head=None, controller="fixed", controller_options={"k": 2})
-    proposer = EarlyExitProposer(vllm_config(checkpoint, k=2), options)
-    proposer.gate = gate = RecordingGate()
-    table = np.zeros((2, 200), dtype=np.int32)
-    table[0, :5], table[1, :4] = [3, 4, 5, 6, 7], [8, 9, 10, 11]
-    drafts = proposer.propose([[7], [11]], np.array([5, 4]), table)
+    proposer, gate, table, drafts = two_drafting_requests(checkpoint)
     assert [len(d) for d in drafts] == [2, 2]
     table[0, 5:60] = np.arange(20, 75)  # the first finished; a new request shares its five tokens
     table[1, 4] = 61  # the second kept none
