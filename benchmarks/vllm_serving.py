@@ -86,14 +86,15 @@ def worker(args: argparse.Namespace) -> None:
     proposer = engine.proposer_of(llm)
     engine.run(llm, prompts[:2], args.max_tokens)  # warm-up
     out = {"method": args.method, "levels": {}}
+    in_flight = args.schedule == "in-flight"  # then one call a level: the scheduler keeps c running
     for c in args.concurrency:
-        in_flight = args.schedule == "in-flight"  # then one call: the scheduler keeps c running
+        cap = c if in_flight else None
         waves = [prompts] if in_flight else [prompts[i : i + c] for i in range(0, len(prompts), c)]
-        engine.run(llm, prompts[:c], args.max_tokens, in_flight=c if in_flight else None)  # warm-up
+        engine.run(llm, prompts[:c], args.max_tokens, in_flight=cap)  # warm-up
         before = dict(proposer.stats) if proposer is not None and hasattr(proposer, "stats") else None
         tokens, seconds = [], []
         for wave in waves:
-            result = engine.run(llm, wave, args.max_tokens, in_flight=c if in_flight else None)
+            result = engine.run(llm, wave, args.max_tokens, in_flight=cap)
             tokens.extend(result["tokens"])
             seconds.append(result["seconds"])
         level = {
@@ -121,13 +122,6 @@ def worker(args: argparse.Namespace) -> None:
     Path(args.result).write_text(json.dumps(out))
 
 
-def _latency(level: dict) -> float:
-    """A level's latency: recorded, or (results from before the two schedules) the median wave."""
-    if "latency_seconds" in level:
-        return level["latency_seconds"]
-    return statistics.median(level["wave_seconds"])
-
-
 def summarize(runs: list[dict], methods: list[str], levels: list[int]) -> dict:
     table: dict = {}
     reference: dict[str, list] = {}
@@ -139,7 +133,7 @@ def summarize(runs: list[dict], methods: list[str], levels: list[int]) -> dict:
         mine = [r for r in runs if r["method"] == method]
         for c in map(str, levels):
             tps = [r["levels"][c]["new_tokens"] / r["levels"][c]["seconds"] for r in mine]
-            latency = [_latency(r["levels"][c]) for r in mine]
+            latency = [r["levels"][c]["latency_seconds"] for r in mine]
             row = {"tokens_per_second": statistics.median(tps), "latency_seconds": statistics.median(latency)}
             row["greedy_equal"] = all(r["levels"][c]["tokens"] == reference.get(c) for r in mine)
             stats = [r["levels"][c].get("proposer") for r in mine if r["levels"][c].get("proposer")]

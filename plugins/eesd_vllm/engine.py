@@ -14,10 +14,14 @@ in ``--options`` JSON).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import time
+from collections.abc import Iterator
 from typing import Any
+
+from eesd_core.errors import ConfigError
 
 METHODS = ("plain", "plain_sync", "ngram", "draft", "eesd")
 
@@ -112,20 +116,27 @@ def run(
         )
         for i in range(len(prompts))
     ]
-    scheduler = _scheduler(llm) if in_flight is not None else None
-    if in_flight is not None and scheduler is None:
-        raise RuntimeError("in_flight needs an in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0)")
-    admitted = scheduler.max_num_active_reqs if scheduler is not None else None
-    if scheduler is not None:
-        scheduler.max_num_active_reqs = min(in_flight, scheduler.max_num_running_reqs)
-    try:
+    with contextlib.nullcontext() if in_flight is None else _admitting(llm, in_flight):
         started = time.perf_counter()
         outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         seconds = time.perf_counter() - started
-    finally:
-        if scheduler is not None:
-            scheduler.max_num_active_reqs = admitted
     return {"tokens": [list(o.outputs[0].token_ids) for o in outputs], "seconds": seconds}
+
+
+@contextlib.contextmanager
+def _admitting(llm: Any, most: int) -> Iterator[None]:
+    """The scheduler of an in-process engine admits at most ``most`` running requests inside."""
+    scheduler = _scheduler(llm)
+    if scheduler is None:
+        raise ConfigError(
+            "in_flight needs an in-process vLLM engine: start it with VLLM_ENABLE_V1_MULTIPROCESSING=0"
+        )
+    admitted = scheduler.max_num_active_reqs
+    scheduler.max_num_active_reqs = min(most, scheduler.max_num_running_reqs)
+    try:
+        yield
+    finally:
+        scheduler.max_num_active_reqs = admitted
 
 
 def _scheduler(llm: Any) -> Any:

@@ -106,15 +106,14 @@ class DraftGate:
         held.weight, held.weight2 = d * held.weight + 1.0, d * d * held.weight2 + 1.0
         held.first, held.second = d * held.first + ratio, d * held.second + ratio * ratio
         held.steps += 1
-        gain = held.gain or 0.0
-        # the gain that must reach 1: at one request the gain itself; from proof_from requests
-        # on, the gain less a standard error (drafting must show that it pays)
+        gain, error = held.gain or 0.0, self.z * held.error
+        # from proof_from requests on, the gain less an error must reach 1 (drafting must show
+        # that it pays); below, the gain itself to reopen, the gain plus an error to stay open
         proof = size >= self.proof_from
-        shown = gain - self.z * held.error if proof else gain
-        if held.shut and shown >= 1.0:
+        if held.shut and (gain - error if proof else gain) >= 1.0:
             held.shut, held.closed, held.next_probe = False, 0, 0
         elif not held.shut and held.steps >= self.min_steps:
-            held.shut = gain < self.floor or gain + self.z * held.error < 1.0 or (proof and shown < 1.0)
+            held.shut = gain < self.floor or (gain - error if proof else gain + error) < 1.0
         elif not held.shut and held.steps >= self.quick_steps:
             held.shut = gain < self.quick_floor
 

@@ -155,9 +155,10 @@ class EarlyExitProposer:
         self._forward: tuple[np.ndarray, np.ndarray, np.ndarray, torch.Tensor] | None = None
         self._positions: tuple[torch.Tensor, torch.Tensor] | None = None
         self.trackers: dict[int, CostTracker] = {}
-        # rows, most drafts, propose seconds, end, whether a row with the most drafts took one back
+        # rows, most drafts, propose seconds, end, whether a row with the most drafts took one
+        # back, and the positions the next pass verifies at most
         self._previous: tuple[int, int, float, float, bool, int] | None = None
-        self._fed: int | None = None  # tokens of vLLM's last pass, when the model could be hooked
+        self._starts: np.ndarray | None = None  # where each request's tokens start in vLLM's last pass
         # the previous step's rows (cache, length then) when some request drafted in it
         self._scored: list[tuple[RequestCache, int, int]] | None = None
         self._spent = 0.0
@@ -303,58 +304,50 @@ class EarlyExitProposer:
 
     def load_model(self, target_model: Any) -> None:
         """vLLM hands over its own model; the proposer keeps its copy (vLLM's layers cannot be
-        called outside vLLM's forward context). It hooks the model to count the tokens of every
-        pass (one that also ran some request's prompt is no measure of a step) and, for a
-        top-input head, to read the last-layer states of every pass."""
-        if isinstance(target_model, torch.nn.Module):
-            target_model.register_forward_pre_hook(self._count_fed, with_kwargs=True)
-        if not self.drafter.reads_top_states:
-            return
+        called outside vLLM's forward context). It hooks the model to see where each request's
+        tokens start in every pass (a pass that also ran some request's prompt is no measure of a
+        step) and, for a top-input head, to read the last-layer states of every pass."""
         norm = getattr(getattr(target_model, "model", None), "norm", None)
-        if not isinstance(norm, torch.nn.Module):
+        if self.drafter.reads_top_states and not isinstance(norm, torch.nn.Module):
             raise ConfigError(
                 f"eesd proposer: vLLM's {type(target_model).__name__} has no model.norm to read the "
                 "last-layer states from: use a head distilled without --top-input or head=null."
             )
-        target_model.register_forward_pre_hook(self._see_positions, with_kwargs=True)
-        norm.register_forward_hook(self._see_states)
+        if isinstance(target_model, torch.nn.Module):
+            target_model.register_forward_pre_hook(self._see_pass, with_kwargs=True)
+        if self.drafter.reads_top_states:
+            norm.register_forward_hook(self._see_states)
 
-    def _count_fed(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        """How many tokens vLLM's pass runs (its requests' query lengths, padding left out)."""
+    def _see_pass(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Before each of vLLM's passes: where each request's tokens start (``query_start_loc``,
+        padding left out) and, for a top-input head, the tokens' ids and positions."""
         from vllm.forward_context import get_forward_context, is_forward_context_available
 
-        self._fed = None
+        self._starts, self._positions = None, None
         if not is_forward_context_available() or _capturing():
             return
         metadata = get_forward_context().attn_metadata
-        if isinstance(metadata, dict):
-            starts = next((getattr(m, "query_start_loc", None) for m in metadata.values()), None)
-            if isinstance(starts, torch.Tensor) and starts.numel():
-                self._fed = int(starts[-1])
-
-    def _see_positions(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        ids = kwargs.get("input_ids", args[0] if args else None)
-        positions = kwargs.get("positions", args[1] if len(args) > 1 else None)
-        seen = isinstance(ids, torch.Tensor) and isinstance(positions, torch.Tensor)
-        self._positions = (ids, positions) if seen else None
+        if not isinstance(metadata, dict):
+            return  # none, or split micro-batches: not read
+        starts = next((getattr(m, "query_start_loc", None) for m in metadata.values()), None)
+        if not isinstance(starts, torch.Tensor) or not starts.numel():
+            return
+        self._starts = starts.cpu().numpy().astype(np.int64)
+        if self.drafter.reads_top_states:
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            positions = kwargs.get("positions", args[1] if len(args) > 1 else None)
+            if isinstance(ids, torch.Tensor) and isinstance(positions, torch.Tensor):
+                self._positions = (ids, positions)
 
     def _see_states(self, module: Any, args: tuple[Any, ...], output: Any) -> None:
         """The final norm's input, the last-layer states (with a residual, vLLM's norm adds it
         first and returns the sum second), and which tokens are whose."""
-        from vllm.forward_context import get_forward_context, is_forward_context_available
-
         inputs, self._positions = self._positions, None
-        if inputs is None or not is_forward_context_available() or _capturing():
+        if inputs is None or self._starts is None:
             return
         ids, positions = inputs
         states = output[1] if isinstance(output, tuple) and len(output) > 1 else args[0]
-        metadata = get_forward_context().attn_metadata
-        if isinstance(metadata, list):
-            return  # split micro-batches: not read
-        starts = next((getattr(m, "query_start_loc", None) for m in (metadata or {}).values()), None)
-        if starts is None:
-            return
-        starts = starts.cpu().numpy().astype(np.int64)
+        starts = self._starts
         used = int(starts[-1])
         self.observe_forward(ids[:used].cpu().numpy(), positions[:used].cpu().numpy(), starts, states[:used])
 
@@ -541,11 +534,11 @@ class EarlyExitProposer:
     def _observe_step(self, now: float) -> float | None:
         """The previous step's costs: this proposer's time, and vLLM's pass in between; the
         step's whole time (for the gate), or None when the engine sat idle in between."""
-        fed, self._fed = self._fed, None
+        starts, self._starts = self._starts, None
         if self._previous is None:
             return None
         rows, longest, propose_time, ended, peeked, positions = self._previous
-        if fed is not None and fed > positions:
+        if starts is not None and starts[-1] > positions:
             self.stats["prefill_passes"] += 1
             return None  # the pass also ran some request's prompt: not a step's cost
         tracker, between = self._tracker(rows), now - ended
