@@ -86,7 +86,8 @@ class Served:
         return 0, list(self.prompts[i])
 
     def done(self, i: int) -> bool:
-        return len(self.made[i]) >= self.max_tokens
+        """Request i has its max_tokens, or its whole reply (one that ended at an EOS)."""
+        return len(self.made[i]) >= min(self.max_tokens, len(self.data[i][0]))
 
     def step_inputs(self, rows: list[int], fed: dict[int, tuple[int, list[int]]]) -> tuple:
         """What ``propose`` gets, and the forward the step's pass made (ids, positions, starts, states)."""
@@ -150,13 +151,19 @@ def run_level(
         rows = [i for i in rows if not served.done(i)]
     totals["seconds"] = time.perf_counter() - began
     totals["tokens"] = sum(len(m) for m in served.made)
-    # plain vLLM: every request takes max_tokens - 1 steps after its prefill, so either way the
-    # requests run in waves of c
-    for wave in range(0, len(prompts), c):
-        live = min(c, len(prompts) - wave)
-        totals["plain_seconds"] += (max_tokens - 1) * (a + b * live) / 1000
+    # plain vLLM under the same admission: a request takes a step per token after its first
+    needs = [min(max_tokens, len(reply)) - 1 for reply, _ in data]
+    queue, live = list(range(len(prompts))), []  # type: list[int], list[int]
+    while queue or live:
+        if (in_flight and len(live) < c) or not live:
+            while queue and len(live) < c:
+                live.append(queue.pop(0))
+        totals["plain_seconds"] += (a + b * len(live)) / 1000
+        for i in live:
+            needs[i] -= 1
+        live = [i for i in live if needs[i] > 0]
     for i, made in enumerate(served.made):
-        if made != served.data[i][0][:max_tokens]:
+        if made != served.data[i][0][:max_tokens]:  # up to max_tokens, or to its EOS
             raise AssertionError(f"request {i}: the replayed reply differs from the greedy one")
     return totals
 

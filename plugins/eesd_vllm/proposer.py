@@ -25,6 +25,10 @@ follows vLLM's request lifecycle without being told it: a continued request find
 and the cut rolls back the drafts vLLM rejected (accepted ones are reused); a new request starts
 empty (or from a request with the same prompt); a finished request's cache is left unclaimed and
 dropped; a preempted and recomputed request finds its cache if it is still there, else rebuilds.
+A row first tries the cache it claimed last step, which is its own while the tokens it had then
+are a prefix of its tokens now (vLLM keeps a running request on its row): one comparison instead
+of a search, and a request that has drafted nothing, whose cache is empty and shares no prefix,
+keeps it (and the controller does not see a new request at every step).
 
 **Drafting.** For each row the controller (Thompson by default) decides before every draft token,
 zero included, from what it learnt of acceptance and from the measured costs: this proposer's own
@@ -100,6 +104,13 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     return int(differ[0]) if len(differ) else n
 
 
+def _owns(entry: RequestCache, tokens: np.ndarray) -> bool:
+    """Whether the request with ``tokens`` is the one that claimed ``entry`` last step (or one with
+    the same tokens): its tokens then are a prefix of ``tokens``."""
+    seen = entry.seen
+    return seen is not None and len(seen) <= len(tokens) and np.array_equal(seen, tokens[: len(seen)])
+
+
 @dataclass
 class TopRecord:
     """The target's last-layer states of a request's committed positions, from vLLM's passes."""
@@ -131,6 +142,7 @@ class RequestCache:
     signals: tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]] = ((), (), ())
     withdrawn: tuple[int, float, float] | None = None  # taken back after ``drafts``: token, top-1, entropy
     costs: Any = None  # the costs (of its batch size) of the step that proposed ``drafts``
+    seen: np.ndarray | None = None  # the committed tokens of the request that claimed it last step
 
 
 class EarlyExitProposer:
@@ -151,6 +163,8 @@ class EarlyExitProposer:
         self.dtype = model_config.dtype if dtype == "auto" else getattr(torch, dtype)
         self.caches: list[RequestCache] = []
         self.records: list[TopRecord] = []
+        self._held: dict[int, RequestCache] = {}  # row -> the cache it claimed last step
+        self._kept: dict[int, TopRecord] = {}  # row -> the record it was given last step
         self.eager = bool(getattr(model_config, "enforce_eager", True))
         self._forward: tuple[np.ndarray, np.ndarray, np.ndarray, torch.Tensor] | None = None
         self._positions: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -397,19 +411,21 @@ class EarlyExitProposer:
         may_draft = self.gate is None or self.gate.open(_bucket(rows), self._plain_step(rows) is not None)
         self.stats["gated"] += not may_draft
         lengths: dict[int, int] = {}  # id of a claimed cache -> the request's length now
-        claimed: set[int] = set()
         out: list[list[int]] = [[] for _ in range(rows)]
         group: list[tuple[int, RequestCache, np.ndarray, int]] = []  # row, cache, tokens, room
         forward, self._forward = self._forward, None
         caught = 0.0  # catching up on a backlog longer than a round: not a cost of this step's drafts
         with torch.inference_mode():
             records = self._keep_tops(forward, sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+            wanted: dict[int, np.ndarray] = {}
             for row in range(rows):
                 length = int(num_tokens_no_spec[row])
-                if not sampled_token_ids[row] or length >= self.max_model_len - 1:
-                    continue  # a prefill still running, or no room left: nothing to draft
-                tokens = np.asarray(token_ids_cpu[row, :length])
-                entry = self._claim(tokens, claimed)
+                if sampled_token_ids[row] and length < self.max_model_len - 1:
+                    wanted[row] = np.array(token_ids_cpu[row, :length])  # a copy: vLLM reuses its rows
+                # else a prefill still running, or no room left: nothing to draft
+            for row, entry in self._claim_all(wanted).items():
+                tokens = wanted[row]
+                length = len(tokens)
                 lengths[id(entry)] = length
                 self._learn(entry, tokens, row, costs)
                 entry.committed, entry.costs = length, costs
@@ -440,7 +456,6 @@ class EarlyExitProposer:
             self._scored = [(e, e.committed, most.get(id(e), 1)) for e in self.caches if id(e) in lengths]
         else:
             self._scored = None
-        self._forget(claimed)
         finished = time.perf_counter()
         longest = max(map(len, out), default=0)
         peeked = any(entry.withdrawn is not None and len(entry.drafts) == longest for _, entry, _, _ in group)
@@ -490,28 +505,40 @@ class EarlyExitProposer:
                     record.write(first, tokens[first:], states[a : a + len(tokens) - first])
                 found[row] = record
         self.records = [r for r in self.records if r.idle <= 2]
+        self._kept = {row: record for row, record in enumerate(found) if record is not None}
         return found
 
     def _match_records(self, fed: dict[int, tuple[int, int, np.ndarray]]) -> dict[int, TopRecord | None]:
-        """Each fed row's record, holding positions [0, first) of its tokens: records go to the
-        rows sharing the longest prefix with them first (so that a new request sharing a prompt
-        prefix does not take a running request's record); a row left without one gets a new
-        record at position 0, a copy of the prefix another row's record holds, or None."""
+        """Each fed row's record, holding positions [0, first) of its tokens. A row keeps the
+        record it was given last step while that record holds its tokens up to ``first``. The
+        others take records by the longest prefix shared with them first (so that a new request
+        sharing a prompt prefix does not take a running request's record); a row left without one
+        gets a new record at position 0, a copy of the prefix another row's record holds, or None."""
+        out: dict[int, TopRecord | None] = {}
+        taken: set[int] = set()  # ids of records given
+        for row, (first, _, tokens) in fed.items():
+            record = self._kept.get(row)
+            if record is None or not first or id(record) in taken or len(record.tokens) < first:
+                continue
+            if np.array_equal(record.tokens[:first], tokens[:first]):
+                out[row] = record
+                taken.add(id(record))
+        free = [record for record in self.records if id(record) not in taken]
+        rest = {row: item for row, item in fed.items() if row not in out}
         shared = {
             (row, index): common_prefix(record.tokens, tokens)
-            for row, (_, _, tokens) in fed.items()
-            for index, record in enumerate(self.records)
+            for row, (_, _, tokens) in rest.items()
+            for index, record in enumerate(free)
         }
-        out: dict[int, TopRecord | None] = {}
-        taken: set[int] = set()
+        given: set[int] = set()  # indexes into free
         for (row, index), n in sorted(shared.items(), key=lambda item: -item[1]):
-            if n and n >= fed[row][0] and row not in out and index not in taken:
-                out[row] = self.records[index]
-                taken.add(index)
-        for row, (first, _, tokens) in fed.items():
+            if n and n >= rest[row][0] and row not in out and index not in given:
+                out[row] = free[index]
+                given.add(index)
+        for row, (first, _, tokens) in rest.items():
             if row in out:
                 continue
-            donor = max(range(len(self.records)), key=lambda i: shared[(row, i)], default=None)
+            donor = max(range(len(free)), key=lambda i: shared[(row, i)], default=None)
             if first and (donor is None or shared[(row, donor)] < first):
                 out[row] = None  # positions before ``first`` were never seen: no drafts with it
                 continue
@@ -519,7 +546,7 @@ class EarlyExitProposer:
             zeros = torch.zeros(size, dtype=self.adapter.dtype, device=self.adapter.device)
             record = TopRecord(tokens[:0], zeros)
             if first and donor is not None:  # another request holds the shared prefix: copy it
-                record.write(0, tokens[:first], self.records[donor].states[:first])
+                record.write(0, tokens[:first], free[donor].states[:first])
             out[row] = record
         fresh = [r for r in out.values() if r is not None and all(r is not q for q in self.records)]
         self.records.extend(fresh)
@@ -570,38 +597,58 @@ class EarlyExitProposer:
         verify = tracker.verify[1]
         return None if verify is None else verify + (tracker.propose[0] or 0.0)
 
+    def _claim_all(self, wanted: dict[int, np.ndarray]) -> dict[int, RequestCache]:
+        """Each row's cache, cut to the prefix it shares with the row's tokens. A row keeps the
+        cache it claimed last step while the request is the one that claimed it (its tokens then
+        are a prefix of its tokens now): one comparison, where a search compares every free cache.
+        The other rows (new, moved or recomputed requests) search the caches left, and the caches
+        no row claimed (finished requests) are dropped."""
+        out: dict[int, RequestCache] = {}
+        claimed: set[int] = set()  # ids of claimed caches
+        for row, tokens in wanted.items():
+            entry = self._held.get(row)
+            if entry is not None and id(entry) not in claimed and _owns(entry, tokens):
+                out[row] = entry
+                claimed.add(id(entry))
+        for row, tokens in wanted.items():
+            if row not in out:
+                out[row] = self._claim(tokens, claimed)
+        for row, entry in out.items():
+            tokens = wanted[row]
+            self._cut(entry, min(common_prefix(entry.tokens, tokens), len(tokens) - 1))
+            entry.seen = tokens
+        self.caches = [entry for entry in self.caches if id(entry) in claimed]
+        self._held = out
+        return out
+
     def _claim(self, tokens: np.ndarray, claimed: set[int]) -> RequestCache:
-        """The free cache sharing the longest prefix with ``tokens``, cut to it; or a new one."""
+        """The free cache sharing the longest prefix with ``tokens``; else the request's own
+        empty one (a request that has drafted nothing yet, on another row); else a new one."""
         best, best_len = None, 0
-        for index, entry in enumerate(self.caches):
-            if index in claimed:
-                continue
+        free = [entry for entry in self.caches if id(entry) not in claimed]
+        for entry in free:
             shared = common_prefix(entry.tokens, tokens)
             if shared > best_len:
-                best, best_len = index, shared
+                best, best_len = entry, shared
+        if best is None:
+            best = next((entry for entry in free if _owns(entry, tokens)), None)
         if best is None:
             cache = self.adapter.new_cache(num_layers=self.drafter.shared_layers)
             state = self.drafter.begin(cache, torch.empty(0, dtype=torch.long, device=HOST), None)
-            self.caches.append(RequestCache(state, tokens[:0].copy()))
-            best = len(self.caches) - 1
+            best = RequestCache(state, tokens[:0].copy())
+            self.caches.append(best)
             room = self.max_model_len - len(tokens)
             costs = self._tracker(1).snapshot()
             request = Request(len(tokens), room, self.max_k, GREEDY, costs, withdraws=self.keep is not None)
             self.controller.start(request)
-        claimed.add(best)
-        entry = self.caches[best]
-        self._cut(entry, min(best_len, len(tokens) - 1))
-        return entry
+        claimed.add(id(best))
+        return best
 
     def _cut(self, entry: RequestCache, length: int) -> None:
         if length < len(entry.tokens):
             entry.state.cache.crop(length)
             self.drafter.rollback(entry.state, length)
             entry.tokens = entry.tokens[:length]
-
-    def _forget(self, claimed: set[int]) -> None:
-        """Drop the caches no request claimed: finished requests (a preempted one rebuilds)."""
-        self.caches = [entry for index, entry in enumerate(self.caches) if index in claimed]
 
     def _learn(self, entry: RequestCache, tokens: np.ndarray, row: int, costs: Any) -> None:
         """Tell the controller how many of the drafts proposed last step were kept, and whether the

@@ -582,3 +582,26 @@ def test_a_closed_gate_leaves_every_request_plain(checkpoint) -> None:  # noqa: 
     assert got == [greedy(model, p, n) for p, n in zip(prompts, [9, 14, 5], strict=True)]
     assert proposer.stats["drafted"] == 0 and proposer.stats["gated"] == proposer.stats["steps"] > 0
     assert proposer.caches == [] or all(len(entry.tokens) == 0 for entry in proposer.caches)
+
+
+def test_a_request_that_drafts_nothing_keeps_its_cache_and_its_controller(checkpoint) -> None:  # noqa: ANN001
+    """A request that has drafted nothing has an empty cache, which shares no prefix with it: it
+    must still find that cache, on its row or another, and not start the controller afresh each
+    step (a start is a new request to the controller, which discounts what it has learnt); and
+    every plain step after the first reaches the controller."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(checkpoint).eval()
+    proposer = EarlyExitProposer(vllm_config(checkpoint), ProposerOptions(exit_layer=2, head=None))
+    proposer.gate = RecordingGate(opens=False)
+    starts, updates = [], []
+    start, update = proposer.controller.start, proposer.controller.update
+    proposer.controller.start = lambda request: starts.append(request) or start(request)  # type: ignore[method-assign]
+    proposer.controller.update = lambda outcome: updates.append(outcome) or update(outcome)  # type: ignore[method-assign]
+    prompts, limits = prompts_of(8, 3), [12, 20, 7]
+    got = Scheduler(model, proposer, seed=3).run(prompts, limits, preempt=False)
+    assert got == [greedy(model, p, n) for p, n in zip(prompts, limits, strict=True)]
+    assert len(starts) == len(prompts)
+    # each request's steps after its prefill: one per token after the first, the first unlearnt
+    assert len(updates) == sum(n - 2 for n in limits)
+    assert all(outcome.drafted == 0 and len(outcome.tokens) == 1 for outcome in updates)
