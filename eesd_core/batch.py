@@ -453,7 +453,14 @@ class BatchGeneration:
         positions, valid = layout.positions[:, start:end], layout.valid[:, :end]
         top = adapter.run_batch(hidden, first, adapter.num_layers, self.cache, positions, valid)
         rows = top.shape[0]
-        p = target_probs(adapter, top.reshape(1, rows * m, -1), self.sampling)  # [B * m, V]
+        live = valid[:, start:end].reshape(-1).to(top.device)
+        if bool(live.all()) or not getattr(getattr(adapter, "options", None), "skip_padding", True):
+            p = target_probs(adapter, top.reshape(1, rows * m, -1), self.sampling)  # [B * m, V]
+        else:  # the LM head over the positions that count; padding reads p = 0
+            index = live.nonzero().squeeze(1)
+            counted = top.reshape(rows * m, -1).index_select(0, index)[None]
+            picked = target_probs(adapter, counted, self.sampling)
+            p = picked.new_zeros(rows * m, picked.shape[-1]).index_copy_(0, index, picked)
         return p.view(rows, m, -1), top
 
     def _rollback(self, rows: list[int], start: int, m: int, results: list[tuple[int, int]]) -> None:

@@ -22,9 +22,13 @@ class AdapterOptions(PluginOptions):
     steps, draft steps, verification), :mod:`eesd_core.models.products`. ``"auto"`` measures on
     CPUs, when the adapter is prepared, where ``(W @ x.T).T`` or oneDNN's linear clearly beats
     ``F.linear``, and keeps the faster; ``"standard"`` keeps ``F.linear``; ``"transposed"`` and
-    ``"onednn"`` use that product for every prepared pass."""
+    ``"onednn"`` use that product for every prepared pass. ``skip_padding``: a batched pass
+    multiplies only the positions that are not padding (the left padding of prompts, the slots
+    of rows that drafted fewer tokens than the longest draft of the round, rows that are done);
+    off, it multiplies every position, as one dense batch."""
 
     matmul: Literal["auto", "standard", "transposed", "onednn"] = "auto"
+    skip_padding: bool = True
 
 
 class LazyAdapter:

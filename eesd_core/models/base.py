@@ -226,6 +226,10 @@ class DecoderAdapter:
         last m slots). A row's valid keys must be its positions 0, 1, 2, ... in slot order: left
         padding, and gaps of dropped keys, are fine. Each query sees the valid keys of its row up
         to its own slot, within the window of sliding layers, as that row would alone.
+
+        A query whose own slot is not valid is padding (a row that drafted fewer tokens, or is
+        done): the linear layers skip it, so a pass costs the positions that count, and its
+        output is unspecified (finite) there.
         """
         if start >= end:
             return hidden
@@ -235,6 +239,13 @@ class DecoderAdapter:
 
         rotary = self.rotary(hidden, positions) if rotary is None else rotary
         m = hidden.shape[0] * hidden.shape[1]
+        live = valid[:, valid.shape[1] - hidden.shape[1] :].reshape(-1)  # queries that are not padding
+        n = int(live.sum()) if self.options.skip_padding and not torch.is_grad_enabled() else m
+        if 0 < n < m:  # the linear layers skip the padding (training runs every position)
+            index = live.nonzero().squeeze(1).to(hidden.device)
+            product = self.products.product(n) if n in self.products else None
+            with LinearRouter(self._layers[start:end], product, index):
+                return self._run(hidden, start, end, cache, rotary, masks)
         if m not in self.products:
             return self._run(hidden, start, end, cache, rotary, masks)
         with self._router((start, end), self._layers[start:end], m):

@@ -126,8 +126,16 @@ def product_linear(product: Product, x: torch.Tensor, weight: torch.Tensor, bias
     return multiply(x, weight, bias)
 
 
-def _routed_forward(product: str, module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    return product_linear(product, x, module.weight, module.bias)
+def _routed_forward(
+    product: str | None, index: torch.Tensor | None, module: nn.Linear, x: torch.Tensor
+) -> torch.Tensor:
+    rows = x if index is None else x.reshape(-1, x.shape[-1]).index_select(0, index)
+    linear = torch.nn.functional.linear if product is None else partial(product_linear, product)
+    out = linear(rows, module.weight, module.bias)
+    if index is None:
+        return out
+    full = out.new_zeros(x.shape[:-1].numel(), out.shape[-1]).index_copy_(0, index, out)
+    return full.view(*x.shape[:-1], out.shape[-1])
 
 
 class LinearRouter:
@@ -139,11 +147,17 @@ class LinearRouter:
     call of the pass). Subclasses of ``nn.Linear`` (quantized layers) and modules whose ``forward``
     is already replaced on the instance (offloading hooks) keep their own. The model is shared
     state: another thread running the same modules meanwhile gets the same product.
+
+    With ``index`` (flat indexes over a pass's rows and positions), each multiplies those rows of
+    its input alone and gives zeros for the others, the padding of a ragged batched pass;
+    ``product`` None keeps ``F.linear`` for them.
     """
 
-    def __init__(self, roots: Iterable[nn.Module], product: Product = "transposed") -> None:
+    def __init__(
+        self, roots: Iterable[nn.Module], product: Product | None = "transposed", index: Any = None
+    ) -> None:
         self._linears = [
-            (module, partial(_routed_forward, _for_weight(product, module.weight), module))
+            (module, partial(_routed_forward, product and _for_weight(product, module.weight), index, module))
             for root in roots
             for module in root.modules()
             if type(module) is nn.Linear

@@ -12,8 +12,9 @@ A spec is ``KIND`` or ``KIND:key=value,...`` with KIND one of
 - ``hf_prompt_lookup``: transformers' ``generate(prompt_lookup_num_tokens=k)``; keys ``k`` (default
   10, as transformers' docs suggest) and ``max_ngram`` (its ``max_matching_ngram_size``, default 2);
 - ``eesd``: a :class:`~eesd_core.engine.SpeculativeDecoder`; keys ``drafter`` (``none`` for plain
-  decoding), ``controller``, ``verifier``, ``max_draft_tokens``, and ``matmul`` (the model
-  adapter's short-pass product: ``auto``, ``standard`` or ``transposed``); ``drafter.X`` and
+  decoding), ``controller``, ``verifier``, ``max_draft_tokens``, ``matmul`` (the model
+  adapter's short-pass product: ``auto``, ``standard`` or ``transposed``) and ``skip_padding``
+  (``false``: batched passes multiply padding positions too); ``drafter.X`` and
   ``controller.X`` set plug-in options, and any other key is a controller option, so
   ``eesd:controller=fixed,k=4`` drafts four tokens a round;
 - ``oracle``: not run, but replayed from a recorded trace (the best draft length in hindsight).
@@ -54,6 +55,7 @@ PRESETS: dict[str, str] = {
     "eesd_plain_standard": "eesd:drafter=none,matmul=standard",
     "eesd_default_standard": "eesd:matmul=standard",
     "eesd_default": "eesd",
+    "eesd_default_dense": "eesd:skip_padding=false",
     "eesd_fixed_k1": "eesd:controller=fixed,k=1",
     "eesd_fixed_k2": "eesd:controller=fixed,k=2",
     "eesd_fixed_k4": "eesd:controller=fixed,k=4",
@@ -115,8 +117,8 @@ class MethodSpec:
         for key, value in self.options.items():
             if key in DECODER_KEYS:
                 kwargs[key] = value
-            elif key == "matmul":
-                kwargs["adapter_options"] = {"matmul": value}
+            elif key in ("matmul", "skip_padding"):
+                kwargs.setdefault("adapter_options", {})[key] = value
             elif key.startswith("drafter."):
                 drafter_options[key.removeprefix("drafter.")] = value
             else:

@@ -7,6 +7,8 @@ keeps them.
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 import torch
 from tinymodels import make_tiny
@@ -111,3 +113,39 @@ def test_distillation_capture_equals_one_sequence_at_a_time(family: str, overrid
         torch.testing.assert_close(sample.layers[adapter.num_layers].double(), top[0], rtol=1e-3, atol=1e-2)
         expected = torch.log_softmax(logits[len(prompt) - 1 :].float(), -1).topk(4).indices
         assert torch.equal(sample.topk_ids.long(), expected)
+
+
+@pytest.mark.parametrize(("family", "overrides"), FAMILIES)
+def test_a_ragged_pass_multiplies_only_the_positions_that_count(family: str, overrides: dict) -> None:
+    """Rows feeding different numbers of tokens (a verification pass of ragged drafts) leave
+    padding at the end of the shorter rows: each row's real positions still equal the row alone,
+    and the linear layers multiply only the real positions."""
+    adapter = find_adapter(make_tiny(family, 2, **overrides))
+    fed = [[20, 21, 22, 23], [24], [25, 26]]  # per row: the tokens this pass feeds
+    longest = max(len(p) for p in PROMPTS)
+    m = max(len(f) for f in fed)
+    ids, positions, valid = _left_padded(PROMPTS, longest + m)
+    cache = adapter.new_cache()
+    rows_seen: list[int] = []  # rows of each product with the first decoder layer's first matrix
+    weight = next(m for m in adapter.model.modules() if type(m) is torch.nn.Linear).weight
+    linear = torch.nn.functional.linear
+
+    def counting(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+        if w is weight:
+            rows_seen.append(x.reshape(-1, x.shape[-1]).shape[0])
+        return linear(x, w, b)
+
+    with torch.no_grad(), mock.patch.object(torch.nn.functional, "linear", counting):
+        adapter.run_batch(adapter.embed(ids), 0, adapter.num_layers, cache, positions, valid[:, :longest])
+        step = torch.zeros(len(fed), m, dtype=torch.long)
+        for b, tokens in enumerate(fed):
+            step[b, : len(tokens)] = torch.tensor(tokens)
+            valid[b, longest : longest + len(tokens)] = True
+        where = positions[:, -1:] + 1 + torch.arange(m)
+        rows_seen.clear()
+        out = adapter.run_batch(adapter.embed(step), 0, adapter.num_layers, cache, where, valid)
+    assert rows_seen and set(rows_seen) == {sum(map(len, fed))}
+    for b, prompt in enumerate(PROMPTS):
+        alone = _alone(adapter, prompt + fed[b])
+        torch.testing.assert_close(out[b, : len(fed[b])], alone[len(prompt) :], rtol=0, atol=1e-12)
+        assert torch.isfinite(out[b]).all()

@@ -33,6 +33,9 @@ def test_matmul_goes_to_the_model_adapter() -> None:
     kwargs = parse_method("eesd_plain_standard").decoder_kwargs()
     assert kwargs["adapter_options"] == {"matmul": "standard"} and "matmul" not in kwargs
     assert "adapter_options" not in parse_method("eesd").decoder_kwargs()
+    both = parse_method("eesd:matmul=standard,skip_padding=false").decoder_kwargs()
+    assert both["adapter_options"] == {"matmul": "standard", "skip_padding": False}
+    assert parse_method("eesd_default_dense").decoder_kwargs()["adapter_options"] == {"skip_padding": False}
 
 
 def test_hf_early_exit_takes_an_exit_layer() -> None:
