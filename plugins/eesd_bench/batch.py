@@ -220,6 +220,7 @@ class EesdBatch:
             "row_rounds": sum(r.rounds for r in per_row),
             "drafted": sum(r.drafted for r in per_row),
             "accepted": sum(r.accepted for r in per_row),
+            "withdrawn": sum(r.withdrawn for r in per_row),  # drafts taken back unverified
             "engine_new_tokens": sum(r.new_tokens for r in per_row),
         }
         return BatchOutput(rows, seconds, [r.total_time for r in per_row], stats)

@@ -112,6 +112,7 @@ def test_the_command_times_each_method_at_each_size_and_writes_its_files(
         else:
             assert all(0 < t <= sample["seconds"] for t in sample["row_seconds"])
             assert sample["engine_new_tokens"] == sample["new_tokens"]
+            assert sample["withdrawn"] >= 0 and (sample["method"] != "eesd_plain" or sample["withdrawn"] == 0)
     rows = {(r["batch_size"], r["method"]): r for r in result["summary"]}
     assert rows[2, "hf"]["vs_baseline"] == pytest.approx(1.0)
     assert rows[2, "eesd_plain"]["vs_plain"] == pytest.approx(1.0)
