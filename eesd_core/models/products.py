@@ -129,11 +129,11 @@ def product_linear(product: Product, x: torch.Tensor, weight: torch.Tensor, bias
 def _routed_forward(
     product: str | None, index: torch.Tensor | None, module: nn.Linear, x: torch.Tensor
 ) -> torch.Tensor:
-    rows = x if index is None else x.reshape(-1, x.shape[-1]).index_select(0, index)
-    linear = torch.nn.functional.linear if product is None else partial(product_linear, product)
+    if index is None:  # every row: the planned product itself, nothing built per call
+        return product_linear(product, x, module.weight, module.bias)  # type: ignore[arg-type]
+    rows = x.reshape(-1, x.shape[-1]).index_select(0, index)
+    linear = nn.functional.linear if product is None else partial(product_linear, product)
     out = linear(rows, module.weight, module.bias)
-    if index is None:
-        return out
     full = out.new_zeros(x.shape[:-1].numel(), out.shape[-1]).index_copy_(0, index, out)
     return full.view(*x.shape[:-1], out.shape[-1])
 
