@@ -27,7 +27,7 @@ def teacher_forced(head: Any, samples: list[Sample], batch_tokens: int = 2048) -
     agree = positions = 0
     kl_sum = 0.0
     for index in batches(samples, batch_tokens, None):
-        batch = collate(samples, index, mapping)
+        batch = {name: t.to(lm_weight.device) for name, t in collate(samples, index, mapping).items()}
         logits = forward(head, lm_weight, batch)
         n = logits.shape[0]
         agree += int((logits.argmax(-1) == batch["ids"][:, 0]).sum())
