@@ -27,6 +27,8 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -41,7 +43,7 @@ from eesd_core.errors import ConfigError
 SCHEMA = "eesd-bench-batch/1"
 CPU_ONLY_MEMORY = (
     "memory not probed: the probe measures a fresh CPU process's peak resident memory, which says "
-    "nothing of GPU memory"
+    "nothing of GPU memory; on a CUDA GPU every call's peak GPU memory is reported instead"
 )
 DEFAULT_SIZES = (1, 4, 16)
 DEFAULT_METHODS = ("hf", "eesd_plain", "eesd_default")
@@ -185,6 +187,10 @@ class HFBatch:
             pad_token_id=self.pad,
             eos_token_id=self.eos or None,
         )
+        if out.device.type == "cuda":  # the clock stops when the GPU's work is done, as eesd's does
+            import torch
+
+            torch.cuda.synchronize(out.device)
         seconds = time.perf_counter() - started
         rows = [until_eos(row, set(self.eos)) for row in out[:, ids.shape[1] :].tolist()]
         return BatchOutput(rows, seconds, [seconds] * len(rows))
@@ -266,6 +272,24 @@ def _sample(name: str, batch: Batch, repeat: int, out: BatchOutput) -> dict[str,
     }
 
 
+@contextmanager
+def _gpu_peak() -> Iterator[dict[str, int]]:
+    """On a CUDA GPU, fills ``peak_gpu_bytes``: the most memory the call allocated beyond what was
+    allocated before it (the model, and nothing else the run keeps between calls)."""
+    import torch
+
+    found: dict[str, int] = {}
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        yield found
+        return
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    yield found
+    torch.cuda.synchronize()
+    found["peak_gpu_bytes"] = torch.cuda.max_memory_allocated() - before
+
+
 def measure(
     runners: dict[str, Any], batches: list[Batch], repeats: int, max_new_tokens: int
 ) -> tuple[list[dict[str, Any]], dict[tuple[str, int, int], list[list[int]]]]:
@@ -279,8 +303,9 @@ def measure(
         for repeat in range(repeats):
             done = []
             for name in rotated(list(runners), index + repeat):
-                out = runners[name].run(batch.ids, batch.mask, max_new_tokens)
-                samples.append(_sample(name, batch, repeat, out))
+                with _gpu_peak() as peak:
+                    out = runners[name].run(batch.ids, batch.mask, max_new_tokens)
+                samples.append({**_sample(name, batch, repeat, out), **peak})
                 outputs[name, batch.size, repeat] = out.rows
                 done.append(f"{name} {samples[-1]['tokens_per_second']:.1f}")
             print(
@@ -358,9 +383,15 @@ def summarize(
                     "mean_accepted_tokens": sum(s["new_tokens"] for s in mine) / rounds if rounds else None,
                     "vs_baseline": _paired(samples, size, name, baseline),
                     "vs_plain": _paired(samples, size, name, plain),
+                    "peak_gpu_bytes": _median_of(mine, "peak_gpu_bytes"),
                 }
             )
     return table
+
+
+def _median_of(samples: list[dict[str, Any]], key: str) -> float | None:
+    values = [s[key] for s in samples if s.get(key) is not None]
+    return median(values) if values else None
 
 
 def engine_notes(samples: list[dict[str, Any]]) -> list[str]:
@@ -450,6 +481,9 @@ def _table_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     header += ["row latency", "call", "new tokens", "mean accepted"]
     if memory:
         header += ["peak RSS delta", f"RSS x {baseline or 'hf'}"]
+    gpu = any(row.get("peak_gpu_bytes") is not None for row in result["summary"])
+    if gpu:
+        header += ["peak GPU memory of the call"]
     rows = []
     for row in result["summary"]:
         cells = [str(row["batch_size"]), row["method"], _fmt(row["tokens_per_second"], ".1f")]
@@ -465,6 +499,9 @@ def _table_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
                 _fmt(mine and mine / 2**20, ".1f", " MiB"),
                 _fmt(mine / base if mine and base else None),
             ]
+        if gpu:
+            peak = row.get("peak_gpu_bytes")
+            cells.append(_fmt(peak and peak / 2**20, ".1f", " MiB"))
         rows.append(cells)
     return header, rows
 

@@ -199,6 +199,8 @@ class HFRunner:
             out = self.model.generate(
                 ids, generation_config=config, attention_mask=torch.ones_like(ids), **extra
             )
+            if out.device.type == "cuda":  # stop the clock when the GPU is done, as eesd's does
+                torch.cuda.synchronize(out.device)
             seconds = time.perf_counter() - started
         finally:
             hook.remove()
