@@ -232,7 +232,7 @@ class ThompsonController:
         weight = self._lockstep.weight(index)
         if draft_on(index, survival, self._round.theta, self._round.times, self._round.rate, weight):
             return True
-        if index == 0 and self._look_pays():
+        if index == 0 and self._look_pays(weight):
             return True
         locked = index == 0 and self._once(("locked",), self._round.times, self._locked_out)
         if locked and self.rng.random() < self.options.explore / (1 + self.rounds):
@@ -249,14 +249,17 @@ class ThompsonController:
             held = self._shared[key] = (anchor, compute())
         return held[1]
 
-    def _look_pays(self) -> bool:
+    def _look_pays(self, weight: float = 1.0) -> bool:
         """Whether drafting one token only to see its confidence is worth its step: the tokens
         that the confident buckets (drawn, weighted by how often first drafts fall in them) would
-        add beyond their verification, against the price of the step."""
+        add beyond their verification, against the price of the step. In a batch the step and a
+        kept draft's verification are every row's time: ``weight`` (:meth:`_Lockstep.weight`)
+        prices them per row that may still look, so rows asked after others refused look only
+        for more."""
         times, peek = self._round.times, self._round.peek
         if not self.withdraws or self.options.variant != "calibration" or times is None or peek is None:
             return False
-        price = self._round.rate
+        price = self._round.rate * weight
         extra = max(times[1] - times[0] - peek, 0.0)
         value = 0.0
         for cell, share in enumerate(self.first_seen.shares()):

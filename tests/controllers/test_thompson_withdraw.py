@@ -3,7 +3,8 @@ doubtful drafts, looks when only confident drafts pay, and learns from what it t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import random
+from dataclasses import dataclass, replace
 
 import pytest
 import torch
@@ -77,6 +78,42 @@ def test_no_look_when_the_peek_costs_as_much_as_it_could_gain():
     teach(ctrl, 100, confident_share=0.3)
     drafted = sum(ctrl.should_continue(DraftStep(0, 8, dear)) for _ in range(200))
     assert drafted <= 30
+
+
+def test_in_a_batch_a_row_asked_after_refusals_looks_only_for_more():
+    """A look is a draft step for every row of a batch. Alone, a row looks (a third of its first
+    drafts are confident and always right, which repays the step); as the fourth row of a batch
+    whose three other rows refused the step, the same row does not: the step would spend four
+    rows' time for one row's tokens."""
+    batched = replace(COSTS, batch_size=4)
+    solo, batch = started(seed=3), started(seed=3)
+    batch._kinds[4] = {0, 1}  # as if the engine had measured the batch's rounds too
+    for ctrl in (solo, batch):
+        teach(ctrl, 100, confident_share=0.3)
+    looks = {"alone": 0, "fourth": 0, "first": 0}
+    for _ in range(200):
+        looks["alone"] += solo.should_continue(DraftStep(0, 8, COSTS))
+        rng, batch.rng = batch.rng, Refusing()
+        for row in range(3):
+            assert not batch.should_continue(DraftStep(0, 8, batched, row=row))
+        batch.rng = rng
+        looks["fourth"] += batch.should_continue(DraftStep(0, 8, batched, row=3))
+    for _ in range(200):  # the first row asked judges for every row, as a row alone does
+        looks["first"] += batch.should_continue(DraftStep(0, 8, batched, row=0))
+        for row in (1, 2, 3):
+            batch.should_continue(DraftStep(0, 8, batched, row=row))
+    assert looks["alone"] >= 150 and looks["first"] >= 150
+    assert looks["fourth"] <= 10, looks
+
+
+class Refusing(random.Random):
+    """Draws that expect nothing of any draft: every Beta draw is 0.01, no probe is drawn."""
+
+    def betavariate(self, alpha, beta):
+        return 0.01
+
+    def random(self):
+        return 0.999
 
 
 def test_without_the_engine_s_leave_it_keeps_everything():
