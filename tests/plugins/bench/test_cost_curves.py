@@ -110,3 +110,28 @@ def test_an_unusable_device_or_dtype_is_refused(
         cost_curves.main(["--shape", "tiny", flag, value])
     assert exc.value.code == 2
     assert says in capsys.readouterr().err
+
+
+def test_the_attention_kernels_can_be_chosen(
+    cost_curves: ModuleType, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--sdpa`` runs every pass under ``torch.nn.attention.sdpa_kernel`` with those kernels (on a
+    GPU, to see what cuDNN attention's per-shape plans cost) and records them."""
+    entered = []
+    real = cost_curves.sdpa_kernel
+
+    def recording(backends):  # noqa: ANN001, ANN202
+        entered.append(list(backends))
+        return real(backends)
+
+    monkeypatch.setattr(cost_curves, "sdpa_kernel", recording)
+    argv = ["--shape", "tiny", "--repeats", "1", "--context", "8", "--tokens", "18", "--threads", "1"]
+    threads = torch.get_num_threads()
+    try:
+        data = cost_curves.main([*argv, "--sdpa", "math"])
+    finally:
+        torch.set_num_threads(threads)
+    assert data["sdpa"] == ["math"] and entered == [[cost_curves.SDPBackend.MATH]]
+    with pytest.raises(SystemExit):
+        cost_curves.main(["--shape", "tiny", "--sdpa", "cudnn,fast"])
+    assert "not ['fast']" in capsys.readouterr().err
