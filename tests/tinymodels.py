@@ -70,3 +70,33 @@ def make_tiny(
         settings.update(GEMMA3)
     settings.update(overrides)
     return model_cls(config_cls(**settings)).to(dtype).eval()
+
+
+#: decoders whose greedy tokens the half-precision and GPU tests compare with transformers'
+GREEDY_SETUPS: dict[str, dict] = {
+    "plain": dict(drafter=None, controller="fixed"),
+    "early-exit-k3": dict(
+        drafter="early_exit",
+        drafter_options={"exit_layer": 2},
+        controller="fixed",
+        controller_options={"k": 3},
+    ),
+    "early-exit-thompson": dict(drafter="early_exit", drafter_options={"exit_layer": 2}),
+    "prompt-lookup": dict(drafter="prompt_lookup", controller="fixed", controller_options={"k": 4}),
+}
+
+
+def greedy_reference(model: torch.nn.Module, prompt: list[int], n: int) -> tuple[list[int], torch.Tensor]:
+    """transformers' greedy ``n`` tokens after ``prompt`` (no EOS stop), and the logits it chose
+    them by, ``[n, V]`` in float32 on the host."""
+    ids = torch.tensor([prompt], device=model.device)
+    out = model.generate(
+        ids,
+        max_new_tokens=n,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
+    return out.sequences[0, ids.shape[1] :].tolist(), torch.stack(out.logits, 1)[0].float().cpu()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tinymodels import make_tiny
+from tinymodels import GREEDY_SETUPS, greedy_reference, make_tiny
 
 from eesd_core import SpeculativeDecoder
 from eesd_core.testing.agreement import compare_greedy
@@ -22,35 +22,9 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 
-SETUPS = {
-    "plain": dict(drafter=None, controller="fixed"),
-    "early-exit-k3": dict(
-        drafter="early_exit",
-        drafter_options={"exit_layer": 2},
-        controller="fixed",
-        controller_options={"k": 3},
-    ),
-    "early-exit-thompson": dict(drafter="early_exit", drafter_options={"exit_layer": 2}),
-    "prompt-lookup": dict(drafter="prompt_lookup", controller="fixed", controller_options={"k": 4}),
-}
-
 
 def _on_gpu(family: str, seed: int, dtype: torch.dtype) -> torch.nn.Module:
     return make_tiny(family, seed, dtype=dtype).to("cuda")
-
-
-def _reference(model: torch.nn.Module, prompt: list[int], n: int) -> tuple[list[int], torch.Tensor]:
-    ids = torch.tensor([prompt], device=model.device)
-    out = model.generate(
-        ids,
-        max_new_tokens=n,
-        do_sample=False,
-        eos_token_id=None,
-        pad_token_id=0,
-        output_logits=True,
-        return_dict_in_generate=True,
-    )
-    return out.sequences[0, ids.shape[1] :].tolist(), torch.stack(out.logits, 1)[0].float().cpu()
 
 
 def _prompt(seed: int, length: int) -> list[int]:
@@ -63,8 +37,8 @@ def test_greedy_on_the_gpu_agrees_with_transformers(family: str, dtype: torch.dt
     for seed in range(2):
         model = _on_gpu(family, seed, dtype)
         prompt = _prompt(seed, 5 + 4 * seed)
-        expected, logits = _reference(model, prompt, 30)
-        for name, options in SETUPS.items():
+        expected, logits = greedy_reference(model, prompt, 30)
+        for name, options in GREEDY_SETUPS.items():
             result = SpeculativeDecoder(model, **options).generate(prompt, max_new_tokens=30, eos_token_id=[])
             assert result.sequences.device.type == "cpu"  # results come back in host memory
             tokens = result.sequences[0, len(prompt) :].tolist()
@@ -84,7 +58,7 @@ def test_a_batch_on_the_gpu_agrees_row_by_row(drafter: str | None, dtype: torch.
     rows = dec.generate(prompts, max_new_tokens=24, eos_token_id=[]).sequences
     for prompt, row in zip(prompts, rows, strict=True):
         assert row.device.type == "cpu"
-        expected, logits = _reference(model, prompt, 24)
+        expected, logits = greedy_reference(model, prompt, 24)
         agreement = compare_greedy(expected, row[len(prompt) :].tolist(), dtype, logits)
         assert agreement.ok, agreement.describe()
         if dtype == torch.float32:
@@ -136,4 +110,4 @@ def test_an_exit_head_distils_on_the_gpu_and_drafts_there(tmp_path: Path) -> Non
     )
     for prompt in heldout:
         ours = dec.generate(prompt, max_new_tokens=20, eos_token_id=[]).sequences[0].tolist()
-        assert ours[len(prompt) :] == _reference(model, prompt, 20)[0]
+        assert ours[len(prompt) :] == greedy_reference(model, prompt, 20)[0]

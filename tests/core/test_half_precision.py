@@ -10,39 +10,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tinymodels import make_tiny
+from tinymodels import GREEDY_SETUPS, greedy_reference, make_tiny
 
 from eesd_core import SpeculativeDecoder
 from eesd_core.errors import ConfigError
 from eesd_core.testing.agreement import GreedyAgreement, compare_greedy, logits_after, tie_tolerance
 
 HALF = [torch.bfloat16, torch.float16]
-SETUPS = {
-    "plain": dict(drafter=None, controller="fixed"),
-    "early-exit-k3": dict(
-        drafter="early_exit",
-        drafter_options={"exit_layer": 2},
-        controller="fixed",
-        controller_options={"k": 3},
-    ),
-    "early-exit-thompson": dict(drafter="early_exit", drafter_options={"exit_layer": 2}),
-    "prompt-lookup": dict(drafter="prompt_lookup", controller="fixed", controller_options={"k": 4}),
-}
-
-
-def _reference(model: torch.nn.Module, ids: torch.Tensor, n: int) -> tuple[list[int], torch.Tensor]:
-    out = model.generate(
-        ids,
-        max_new_tokens=n,
-        do_sample=False,
-        eos_token_id=None,
-        pad_token_id=0,
-        output_logits=True,
-        return_dict_in_generate=True,
-    )
-    return out.sequences[0, ids.shape[1] :].tolist(), torch.stack(out.logits, 1)[0]
-
-
 @pytest.mark.parametrize("dtype", HALF, ids=["bfloat16", "float16"])
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral", "gemma3"])
 def test_half_precision_agrees_with_transformers_up_to_ties(family: str, dtype: torch.dtype) -> None:
@@ -50,8 +24,8 @@ def test_half_precision_agrees_with_transformers_up_to_ties(family: str, dtype: 
     for seed in range(3):
         model = make_tiny(family, seed, dtype=dtype)
         ids = torch.randint(3, 97, (1, 5 + 3 * seed), generator=torch.Generator().manual_seed(seed))
-        expected, logits = _reference(model, ids, 30)
-        for name, options in SETUPS.items():
+        expected, logits = greedy_reference(model, ids[0].tolist(), 30)
+        for name, options in GREEDY_SETUPS.items():
             dec = SpeculativeDecoder(model, **options)
             tokens = (
                 dec.generate(ids, max_new_tokens=30, eos_token_id=[]).sequences[0, ids.shape[1] :].tolist()
@@ -71,7 +45,7 @@ def test_a_half_precision_batch_agrees_row_by_row() -> None:
     dec = SpeculativeDecoder(model, drafter="early_exit", drafter_options={"exit_layer": 2})
     rows = dec.generate(prompts, max_new_tokens=20, eos_token_id=[]).sequences
     for prompt, row in zip(prompts, rows, strict=True):
-        expected, logits = _reference(model, torch.tensor([prompt]), 20)
+        expected, logits = greedy_reference(model, prompt, 20)
         agreement = compare_greedy(expected, row[len(prompt) :].tolist(), torch.bfloat16, logits)
         assert agreement.ok, agreement.describe()
 
@@ -112,7 +86,7 @@ def test_tolerance_scales_with_the_logit_and_the_dtype() -> None:
 def test_logits_after_is_the_reference_row() -> None:
     model = make_tiny("qwen2", 4, dtype=torch.bfloat16)
     ids = torch.randint(3, 97, (1, 6), generator=torch.Generator().manual_seed(4))
-    expected, logits = _reference(model, ids, 5)
+    expected, logits = greedy_reference(model, ids[0].tolist(), 5)
     row = logits_after(model, ids[0].tolist() + expected[:3])
     assert int(row.argmax()) == expected[3]
     assert torch.allclose(row, logits[3].float(), atol=0.1)
