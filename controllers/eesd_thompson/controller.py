@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eesd_core.protocols import Costs, DraftStep, Request, RoundOutcome, Withdrawn
+from eesd_thompson.gate import BatchGate
 from eesd_thompson.options import ThompsonOptions
 from eesd_thompson.posterior import Beta, Buckets, Frequencies
 from eesd_thompson.rule import best_rate, draft_on, round_times
@@ -98,6 +99,8 @@ class ThompsonController:
         self._lockstep = _Lockstep()
         self._since_plain: dict[int, int] = {}  # rounds since a plain one, by batch size
         self._shared: dict[tuple[Any, ...], tuple[object, Any]] = {}  # see _once
+        self._gates: dict[int, BatchGate] = {}  # by batch size, for static batches (``gate``)
+        self._static = False  # this generation is one batch call
 
     @property
     def kinds_seen(self) -> set[int]:
@@ -114,6 +117,9 @@ class ThompsonController:
         self._lockstep = _Lockstep()  # a new generation: its rows are asked afresh
         self._shared.clear()
         self.withdraws = request.withdraws and self.options.withdraw and self.options.stop_rule == "cost"
+        self._static = request.batch_size > 1 and self.options.gate and self.options.stop_rule == "cost"
+        for gate in self._gates.values():
+            gate.start()
         if self.options.scope == "request":
             self.posterior.reset()
             self.buckets.reset()
@@ -151,6 +157,8 @@ class ThompsonController:
             return False
         if self._lockstep.made(step.index):
             return True  # another row of the batch made this step: the round is that long anyway
+        if step.index == 0 and self._gate_shut(step.costs):
+            return False
         return self._pays_on(step.index, survival)
 
     def keep(self, step: DraftStep) -> bool:
@@ -170,6 +178,8 @@ class ThompsonController:
     def update(self, outcome: RoundOutcome) -> None:
         self.rounds += 1
         self._shared.clear()
+        if self._static and outcome.costs.batch_size > 1:
+            self._gates.setdefault(outcome.costs.batch_size, BatchGate()).observe(outcome)
         self._kinds.setdefault(outcome.costs.batch_size, set()).add(outcome.drafted)
         k, n, withdrawn = outcome.drafted, outcome.accepted, outcome.withdrawn
         if k == 0 and withdrawn is None:
@@ -248,6 +258,18 @@ class ThompsonController:
         if held is None or held[0] is not anchor:
             held = self._shared[key] = (anchor, compute())
         return held[1]
+
+    def _gate_shut(self, costs: Costs) -> bool:
+        """Whether this batch size's gate keeps the round plain: to measure plain rounds, or
+        while it is shut, when a round still probes, ever more rarely (``explore``), so that
+        drafting is measured again."""
+        gate = self._gates.get(costs.batch_size) if self._static else None
+        if gate is not None and gate.measuring:
+            return True
+        if gate is None or not gate.shut:
+            return False
+        chance = self.options.explore / (1 + gate.plain.rounds)
+        return not self._once(("gate",), self._round.times, lambda: self.rng.random() < chance)
 
     def _look_pays(self, weight: float = 1.0) -> bool:
         """Whether drafting one token only to see its confidence is worth its step: the tokens

@@ -64,6 +64,11 @@ class ThompsonOptions(PluginOptions):
       size, a round is plain, so that the cost of plain decoding, which drafting is weighed
       against, is measured again (the engine's costs replace a figure that old rather than
       average it); ``None``: never.
+    - ``gate``: with the cost rule, in a batch call (a static batch: the call returns when its
+      last row is done), measure per batch size how fast the row with fewest tokens advances in
+      rounds with drafts and in plain ones, and keep rounds plain while drafting advances it
+      more slowly (:mod:`eesd_thompson.gate`); such rounds still probe ever more rarely
+      (``explore``). ``False``: the cost rule alone.
     - ``max_draft_tokens``: an own cap on drafts per round, below the engine's.
     - ``seed``: the controller's own random stream; with ``scope="request"`` it restarts at every
       generation, so a generation's decisions depend only on the seed and on what it observes.
@@ -85,6 +90,7 @@ class ThompsonOptions(PluginOptions):
     explore: float = Field(0.3, ge=0.0, le=1.0)
     withdraw: bool = True
     refresh: int | None = Field(32, ge=2)
+    gate: bool = True
     max_draft_tokens: int | None = Field(None, ge=0)
     seed: int = 0
 
