@@ -119,7 +119,7 @@ class ThompsonController:
         self.withdraws = request.withdraws and self.options.withdraw and self.options.stop_rule == "cost"
         self._static = request.batch_size > 1 and self.options.gate and self.options.stop_rule == "cost"
         for gate in self._gates.values():
-            gate.start()
+            gate.start(0.0 if self.options.scope == "request" else self.options.decay)
         if self.options.scope == "request":
             self.posterior.reset()
             self.buckets.reset()

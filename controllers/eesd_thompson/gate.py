@@ -21,11 +21,14 @@ class _Progress:
     """Progress and seconds summed over rounds of one kind."""
 
     def __init__(self) -> None:
-        self.tokens = self.seconds = 0.0
-        self.rounds = 0
+        self.tokens = self.seconds = self.rounds = 0.0
 
     def add(self, tokens: int, seconds: float) -> None:
         self.tokens, self.seconds, self.rounds = self.tokens + tokens, self.seconds + seconds, self.rounds + 1
+
+    def shrink(self, factor: float) -> None:
+        self.tokens, self.seconds = factor * self.tokens, factor * self.seconds
+        self.rounds *= factor
 
     @property
     def rate(self) -> float:
@@ -43,9 +46,13 @@ class BatchGate:
         self._drafts = False  # whether the round made a draft step
         self._seconds = 0.0
 
-    def start(self) -> None:
-        """A new generation: rows count their tokens afresh."""
+    def start(self, keep: float = 1.0) -> None:
+        """A new generation: rows count their tokens afresh, and what was measured counts
+        ``keep`` times as much (as the posterior's evidence shrinks at each start), so that the
+        gate opens again to measure once it rests on too few rounds."""
         self._tokens, self._before, self._round = {}, {}, set()
+        self.drafted.shrink(keep)
+        self.plain.shrink(keep)
 
     def observe(self, outcome: RoundOutcome) -> None:
         """One row's outcome; the rows of a round report in turn, so a row seen again ends it."""

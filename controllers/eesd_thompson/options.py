@@ -68,7 +68,9 @@ class ThompsonOptions(PluginOptions):
       last row is done), measure per batch size how fast the row with fewest tokens advances in
       rounds with drafts and in plain ones, and keep rounds plain while drafting advances it
       more slowly (:mod:`eesd_thompson.gate`); such rounds still probe ever more rarely
-      (``explore``). ``False``: the cost rule alone.
+      (``explore``). What it measured shrinks by ``decay`` at each start (``scope="request"``:
+      it starts afresh), so it measures again once it rests on too few rounds. ``False``: the
+      cost rule alone.
     - ``max_draft_tokens``: an own cap on drafts per round, below the engine's.
     - ``seed``: the controller's own random stream; with ``scope="request"`` it restarts at every
       generation, so a generation's decisions depend only on the seed and on what it observes.

@@ -3,6 +3,7 @@ with fewest tokens) faster per second than plain rounds do."""
 
 from __future__ import annotations
 
+import pytest
 from eesd_thompson import ThompsonController, ThompsonOptions
 from eesd_thompson.gate import LEAST_DRAFTED, LEAST_PLAIN, BatchGate
 
@@ -90,3 +91,23 @@ def test_a_static_batch_whose_drafts_advance_its_call_drafts_on():
     _first_drafts(gated, 40, [3, 2, 3, 2])
     assert not gated._gates[4].shut and gated._gates[4].plain.rounds >= LEAST_PLAIN
     assert _first_drafts(gated, 200, [3, 2, 3, 2]) >= 150
+
+
+def test_what_the_gate_measured_shrinks_at_each_start_until_it_measures_again():
+    """A gate shut by one workload opens again after some generations, as the posterior forgets:
+    each start shrinks its evidence by ``decay``; below the rounds it needs, it measures anew."""
+    ctrl = _started(4)
+    _first_drafts(ctrl, 40, [3, 3, 3, 1])
+    gate = ctrl._gates[4]
+    assert gate.shut
+    rates = gate.drafted.rate, gate.plain.rate
+    starts = 0
+    while gate.shut:
+        ctrl.start(Request(4, 64, 8, SamplingParams(), BATCH, batch_size=4))
+        starts += 1
+        assert (gate.drafted.rate, gate.plain.rate) == pytest.approx(rates)  # the rates stay
+    assert 1 <= starts <= 12 and gate.drafted.rounds < LEAST_DRAFTED
+    request_scoped = _started(4, scope="request")
+    _first_drafts(request_scoped, 40, [3, 3, 3, 1])
+    request_scoped.start(Request(4, 64, 8, SamplingParams(), BATCH, batch_size=4))
+    assert request_scoped._gates[4].drafted.rounds == request_scoped._gates[4].plain.rounds == 0
