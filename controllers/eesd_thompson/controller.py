@@ -271,7 +271,7 @@ class ThompsonController:
         chance = self.options.explore / (1 + gate.plain.rounds)
         return not self._once(("gate",), self._round.times, lambda: self.rng.random() < chance)
 
-    def _look_pays(self, weight: float = 1.0) -> bool:
+    def _look_pays(self, weight: float) -> bool:
         """Whether drafting one token only to see its confidence is worth its step: the tokens
         that the confident buckets (drawn, weighted by how often first drafts fall in them) would
         add beyond their verification, against the price of the step. In a batch the step and a
