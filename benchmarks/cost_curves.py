@@ -43,7 +43,6 @@ On a CPU, a few layers of a small shape::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import statistics
@@ -56,9 +55,9 @@ from typing import Any
 import torch
 import transformers
 from eesd_bench.env import environment
+from eesd_bench.kernels import add_sdpa_argument, attention_kernels
 from eesd_bench.modelled import RoundCosts
 from eesd_early_exit.head import ExitHead
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from eesd_core import SpeculativeDecoder
 from eesd_core.cache import KVCache
@@ -509,12 +508,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--alpha", type=numbers(float), default=[], help="more acceptance rates to model")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
     parser.add_argument("--out", type=Path, help="write every timing here as JSON")
-    parser.add_argument(
-        "--sdpa",
-        type=numbers(str),
-        help="comma list of the attention kernels torch may pick (flash, efficient, cudnn, math; "
-        "default: torch's own choice), e.g. flash,efficient,math to leave cuDNN's out",
-    )
+    add_sdpa_argument(parser)
     args = parser.parse_args(argv)
     try:
         args.device, args.dtype = resolve_device(args.device), resolve_dtype(args.dtype)
@@ -538,12 +532,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if not all(0.0 <= a <= 1.0 for a in args.alpha):
         parser.error("--alpha values are acceptance rates in [0, 1]")
     args.alphas = sorted(set(ALPHAS) | set(args.alpha))
-    kernels = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION"}
-    kernels["math"] = "MATH"
-    unknown = sorted(set(args.sdpa or ()) - set(kernels))
-    if unknown or args.sdpa == []:
-        parser.error(f"--sdpa takes kernels among {', '.join(kernels)}, not {unknown or 'nothing'}")
-    args.kernels = [getattr(SDPBackend, kernels[name]) for name in args.sdpa or ()]
     return args
 
 
@@ -555,7 +543,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     model = build_model(args.shape, args.layers, args.device, args.dtype)
     adapter = SpeculativeDecoder(model, drafter=None).adapter
     adapter.prepare(VERIFY_ROWS)
-    with sdpa_kernel(args.kernels) if args.kernels else contextlib.nullcontext():
+    with attention_kernels(args.sdpa):
         with torch.inference_mode():
             timings = measure_passes(model, adapter, args, clock)
         rounds = measure_rounds(model, args, clock)

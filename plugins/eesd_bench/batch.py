@@ -35,6 +35,7 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
+from eesd_bench.kernels import add_sdpa_argument, attention_kernels
 from eesd_bench.methods import MethodSpec, expand_methods, parse_method
 from eesd_bench.prompts import DEFAULT_QUESTIONS, Question, load_questions, select
 from eesd_core.cli import add_device_arguments
@@ -89,6 +90,7 @@ def add_batch(sub: Any) -> None:
     parser.add_argument("--max-draft-tokens", type=int, default=8)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--memory", action="store_true", help="probe peak memory in fresh processes (slow)")
+    add_sdpa_argument(parser)
     parser.add_argument("--out", default=None, help="output directory (default benchmarks/out/batch-<time>)")
     parser.set_defaults(func=run_batch)
 
@@ -704,9 +706,11 @@ def run_batch(args: argparse.Namespace) -> int:
     settings = BenchSettings(args.max_new_tokens, 0.0, 0, args.exit_layer, head, args.max_draft_tokens)
     prompts = [(q, encode_prompt(tokenizer, q.text)) for q in questions]
     bench = BatchBench(model, prompts, specs, settings, pad_id(tokenizer, model), notes, args.model)
-    result = bench.run(args.batch_sizes, args.repeats)
+    with attention_kernels(args.sdpa):
+        result = bench.run(args.batch_sizes, args.repeats)
     result["settings"].update(
         model=str(path),
+        sdpa=args.sdpa,
         dtype=args.dtype,
         questions=args.questions,
         per_category=args.per_category,

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from eesd_bench.batch import add_batch
+from eesd_bench.kernels import add_sdpa_argument, attention_kernels
 from eesd_bench.methods import GROUPS, PRESETS, expand_methods
 from eesd_bench.prompts import DEFAULT_QUESTIONS, load_questions, select
 from eesd_core.cli import add_device_arguments
@@ -91,6 +92,7 @@ def add_bench(sub: Any) -> None:
     parser.add_argument("--record", action="store_true", help="also copy the results to benchmarks/results/")
     parser.add_argument("--name", default=None, help="model label in recorded file names")
     parser.add_argument("--no-progress", action="store_true")
+    add_sdpa_argument(parser)
     parser.set_defaults(func=run_bench)
     add_batch(sub)
 
@@ -175,9 +177,10 @@ def run_bench(args: argparse.Namespace) -> int:
     session = Session(
         model, prompts, methods, settings, notes, model_name=args.model, assistant_name=args.assistant_model
     )
-    result = session.run(
-        baseline=args.baseline, runs=args.runs, group_by=args.group_by, progress=not args.no_progress
-    )
+    with attention_kernels(args.sdpa):
+        result = session.run(
+            baseline=args.baseline, runs=args.runs, group_by=args.group_by, progress=not args.no_progress
+        )
     result["settings"].update(
         model=str(path),
         dtype=args.dtype,
@@ -185,6 +188,7 @@ def run_bench(args: argparse.Namespace) -> int:
         per_category=args.per_category,
         subset_seed=args.subset_seed,
         runs=args.runs,
+        sdpa=args.sdpa,
         exit_layer_used=None if early_exit is None else early_exit.shared_layers,
         early_exit_drafter=None if early_exit is None else early_exit.describe(),
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -260,3 +261,37 @@ def test_every_method_warms_up_at_each_batch_size_before_it_is_timed() -> None:
         at_size = [(name, n) for name, b, n in calls if b == size]
         assert at_size[:2] == [("a", WARMUP_TOKENS), ("b", WARMUP_TOKENS)]
         assert sorted(at_size[2:]) == [("a", 32), ("a", 32), ("b", 32), ("b", 32)]
+
+
+def test_the_attention_kernels_can_be_chosen_for_every_method(
+    checkpoint, questions, tmp_path, monkeypatch, capsys
+) -> None:
+    """``--sdpa math`` runs every timed call, of transformers and of eesd alike, under
+    ``torch.nn.attention.sdpa_kernel`` with only that kernel, and records the choice."""
+    import torch.nn.attention as attention
+
+    active, calls = [], []
+    real = attention.sdpa_kernel
+
+    @contextmanager
+    def recording(backends):  # noqa: ANN001, ANN202
+        active.append(list(backends))
+        with real(backends):
+            yield
+        active.pop()
+
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        calls.append(list(active))
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(attention, "sdpa_kernel", recording)
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    out = tmp_path / "out"
+    assert _run(checkpoint, questions, out, "--repeats", "1", "--sdpa", "math") == 0
+    assert json.loads((out / "batch.json").read_text())["settings"]["sdpa"] == ["math"]
+    assert calls and all(c == [[attention.SDPBackend.MATH]] for c in calls)
+    with pytest.raises(SystemExit):
+        _run(checkpoint, questions, out, "--sdpa", "cudnn,fast")
+    assert "not ['fast']" in capsys.readouterr().err

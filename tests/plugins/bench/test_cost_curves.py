@@ -117,21 +117,23 @@ def test_the_attention_kernels_can_be_chosen(
 ) -> None:
     """``--sdpa`` runs every pass under ``torch.nn.attention.sdpa_kernel`` with those kernels (on a
     GPU, to see what cuDNN attention's per-shape plans cost) and records them."""
+    from torch.nn.attention import SDPBackend
+
     entered = []
-    real = cost_curves.sdpa_kernel
+    real = torch.nn.attention.sdpa_kernel
 
     def recording(backends):  # noqa: ANN001, ANN202
         entered.append(list(backends))
         return real(backends)
 
-    monkeypatch.setattr(cost_curves, "sdpa_kernel", recording)
+    monkeypatch.setattr(torch.nn.attention, "sdpa_kernel", recording)
     argv = ["--shape", "tiny", "--repeats", "1", "--context", "8", "--tokens", "18", "--threads", "1"]
     threads = torch.get_num_threads()
     try:
         data = cost_curves.main([*argv, "--sdpa", "math"])
     finally:
         torch.set_num_threads(threads)
-    assert data["sdpa"] == ["math"] and entered == [[cost_curves.SDPBackend.MATH]]
+    assert data["sdpa"] == ["math"] and entered == [[SDPBackend.MATH]]
     with pytest.raises(SystemExit):
         cost_curves.main(["--shape", "tiny", "--sdpa", "cudnn,fast"])
     assert "not ['fast']" in capsys.readouterr().err
