@@ -134,6 +134,7 @@ class BatchGeneration:
         self.lengths = [len(p) for p in prompts]
         self.prompt_lengths = list(self.lengths)
         self.finished = [False] * rows
+        self._written: list[tuple[int, int, list[int]]] = []  # (row, at, tokens) not yet in tokens
         self.ids = torch.arange(rows, device=HOST)  # the row of each slot row of the cache
         device = decoder.adapter.device
         capacity = width + config.max_new_tokens + max(config.max_new_tokens // 4, 2 * (k + 1)) + k + 1
@@ -221,11 +222,13 @@ class BatchGeneration:
         rows = len(self.lengths)
         last = width - 1 if top.shape[1] > 1 else 0
         p = target_probs(adapter, top[:, last : last + 1].reshape(1, rows, -1), self.sampling)  # [B, V]
+        none = feed[0, :0]
+        drawn = dec.guard.verify_batch(dec.verifier, [none] * rows, [None] * rows, p[:, None], self.rngs)
         committed = []
-        for row in range(rows):
-            _, token = dec.guard.verify(dec.verifier, feed[row, :0], None, p[row : row + 1], self.rngs[row])
+        for row, (_, token) in enumerate(drawn):
             self.stats.rows[row].rounds += 1  # a target pass that committed one token
             committed.append(self._commit(row, [token]))
+        self._write()
         self.stats.rounds += 1
         self.stats.prefill_time = dec.clock() - self._started
         self.done = all(self.finished)
@@ -286,16 +289,17 @@ class BatchGeneration:
         t1 = dec.clock()
         m = max(len(d.tokens) for d in drafts) + 1
         p, top = self._target(rows, start, m, hidden)  # [B, m, V]
-        results = []
-        for j, row in enumerate(rows):
-            k = len(drafts[j].tokens)
-            if self.finished[row]:
-                results.append((0, -1))
-                continue
-            at = self.lengths[row] - 1
-            draft_tokens = self.tokens[row, at + 1 : at + 1 + k]
-            q = drafts[j].q(p.shape[-1])
-            results.append(dec.guard.verify(dec.verifier, draft_tokens, q, p[j, : k + 1], self.rngs[row]))
+        live = [j for j, row in enumerate(rows) if not self.finished[row]]
+        verified = dec.guard.verify_batch(
+            dec.verifier,
+            [torch.tensor(drafts[j].tokens, dtype=torch.long) for j in live],
+            [drafts[j].q(p.shape[-1]) for j in live],
+            p if len(live) == len(rows) else p[live],
+            [self.rngs[rows[j]] for j in live],
+        )
+        results = [(0, -1)] * len(rows)
+        for j, result in zip(live, verified, strict=True):
+            results[j] = result
         if self._batched and dec.drafter.reads_top_states:  # type: ignore[union-attr]
             dec.guard.call_drafter(
                 "top_states_batch", dec.drafter.top_states_batch, self.draft_state, top, start
@@ -333,6 +337,7 @@ class BatchGeneration:
             committed[row] = self._commit(row, list(outcome.tokens))
             self.stats.rows[row].add_round(outcome)
             dec.round_ended(outcome)
+        self._write()
         self.stats.rounds += 1
         self.done = all(self.finished)
         if not self.done:
@@ -364,7 +369,7 @@ class BatchGeneration:
                     drafting[j] = asks[limits[j]](step)
             if not any(drafting):
                 break
-            tokens = self._feed(rows, steps)
+            tokens = self._feed(rows, steps)[:, 0]
             if self._batched:
                 logits = guard.call_drafter(
                     "step_batch",
@@ -412,7 +417,7 @@ class BatchGeneration:
             steps += 1
         hidden = None
         if self._batched:
-            tokens = self._feed(rows, steps) if any(feeding) else None  # None: drafts taken back
+            tokens = self._feed(rows, steps)[:, 0] if any(feeding) else None  # None: drafts taken back
             hidden = guard.call_drafter(
                 "finish_batch", drafter.finish_batch, self.draft_state, tokens, start + steps
             )  # type: ignore[union-attr]
@@ -420,13 +425,13 @@ class BatchGeneration:
             guard.check_hidden(hidden, k, drafter.shared_layers, dec.adapter.num_layers, rows=len(rows))
         return drafts, hidden
 
-    def _feed(self, rows: list[int], step: int) -> torch.Tensor:
-        """The token each slot row feeds at ``step`` (the pending token at 0); padding reads 0."""
-        out = torch.zeros(len(rows), dtype=torch.long, device=HOST)
-        for j, row in enumerate(rows):
-            if self.layout.valid[j, self.layout.slots + step]:
-                out[j] = self.tokens[row, self.lengths[row] - 1 + step]
-        return out
+    def _feed(self, rows: list[int], step: int, m: int = 1) -> torch.Tensor:
+        """The tokens each slot row feeds at steps ``step .. step + m`` ``[B, m]`` (the pending
+        token at 0); padding reads 0. One read of the layout, whatever B."""
+        slot = self.layout.slots + step
+        valid = self.layout.valid[:, slot : slot + m].to(HOST)
+        at = torch.tensor([self.lengths[row] - 1 + step for row in rows])[:, None] + torch.arange(m)
+        return torch.where(valid, self.tokens[self.ids[:, None], at], 0)
 
     def _mark(self, rows: list[int], start: int, feeding: list[bool], step: int) -> None:
         """Slot ``start + step`` holds position ``length - 1 + step`` of every feeding row."""
@@ -445,8 +450,7 @@ class BatchGeneration:
         adapter = dec.adapter
         first = 0
         if hidden is None:
-            feed = torch.stack([self._feed(rows, step) for step in range(m)], dim=1)
-            hidden = adapter.embed(feed.to(adapter.device))
+            hidden = adapter.embed(self._feed(rows, 0, m).to(adapter.device))
         else:
             first = dec.drafter.shared_layers  # type: ignore[union-attr]
         end = start + m
@@ -466,15 +470,10 @@ class BatchGeneration:
     def _rollback(self, rows: list[int], start: int, m: int, results: list[tuple[int, int]]) -> None:
         """Keep each row's accepted inputs; the batch moves on past the longest."""
         layout = self.layout
-        keep = 1
-        for j, row in enumerate(rows):
-            if self.finished[row]:
-                layout.valid[j, start : start + m] = False
-                continue
-            n = results[j][0]
-            layout.valid[j, start + n + 1 : start + m] = False
-            keep = max(keep, n + 1)
-        layout.slots = start + keep
+        upto = [-1 if self.finished[row] else results[j][0] for j, row in enumerate(rows)]
+        kept = torch.arange(m)[None] <= torch.tensor(upto)[:, None]  # [B, m]: a row's inputs 0..n
+        layout.valid[:, start : start + m] &= kept.to(layout.valid.device)
+        layout.slots = start + max([1, *(n + 1 for n in upto)])
         self.cache.crop(layout.slots)
         drafter = self.decoder.drafter
         if drafter is None:
@@ -498,11 +497,18 @@ class BatchGeneration:
         if len(tokens) >= remaining:
             tokens, self.finished[row] = tokens[:remaining], True
             stats.stopped_by = stats.stopped_by or "max_new_tokens"
-        length = self.lengths[row]
-        self.tokens[row, length : length + len(tokens)] = torch.tensor(tokens, dtype=torch.long, device=HOST)
+        self._written.append((row, self.lengths[row], tokens))
         self.lengths[row] += len(tokens)
         stats.new_tokens += len(tokens)
         return tokens
+
+    def _write(self) -> None:
+        """Put the tokens committed since the last call into ``tokens``, in one assignment."""
+        rows = [row for row, _, tokens in self._written for _ in tokens]
+        at = [start + i for _, start, tokens in self._written for i in range(len(tokens))]
+        new = [token for _, _, tokens in self._written for token in tokens]
+        self.tokens[rows, at] = torch.tensor(new, dtype=torch.long, device=HOST)
+        self._written.clear()
 
     # -- realignment ------------------------------------------------------------------------------
 

@@ -135,11 +135,30 @@ class Guarded:
         rng: RandomSource,
     ) -> tuple[int, int]:
         result = self._call("verifier", "verify", verifier.verify, draft_tokens, q, p, rng)
+        return self._checked(result, int(draft_tokens.shape[0]), "verify")
+
+    def verify_batch(
+        self,
+        verifier: Verifier,
+        drafts: list[torch.Tensor],
+        qs: list[torch.Tensor | None],
+        p: torch.Tensor,
+        rngs: list[RandomSource],
+    ) -> list[tuple[int, int]]:
+        """Each row's (n, token): in one call where the verifier has ``verify_batch``."""
+        if not hasattr(verifier, "verify_batch"):
+            rows = enumerate(zip(drafts, qs, rngs, strict=True))
+            return [self.verify(verifier, d, q, p[b, : len(d) + 1], r) for b, (d, q, r) in rows]
+        results = self._call("verifier", "verify_batch", verifier.verify_batch, drafts, qs, p, rngs)
+        if not isinstance(results, (list, tuple)) or len(results) != len(drafts):
+            raise self.fault("verifier", f"returned {results!r} from verify_batch(), not an (n, token) a row")
+        return [self._checked(r, len(d), "verify_batch") for r, d in zip(results, drafts, strict=True)]
+
+    def _checked(self, result: Any, k: int, what: str) -> tuple[int, int]:
         try:
             n, token = int(result[0]), int(result[1])
         except (TypeError, ValueError, IndexError):
-            raise self.fault("verifier", f"returned {result!r} from verify(), not (n, token)") from None
-        k = int(draft_tokens.shape[0])
+            raise self.fault("verifier", f"returned {result!r} from {what}(), not (n, token)") from None
         if not 0 <= n <= k:
             raise self.fault("verifier", f"accepted {n} tokens out of {k} drafted")
         if not 0 <= token < self.vocab_size:

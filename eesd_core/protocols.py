@@ -21,7 +21,7 @@ Tensors carry their shapes in comments: ``# [k, V]``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -213,6 +213,21 @@ class Verifier(Protocol):
         p: torch.Tensor,  # [k+1, V]
         rng: RandomSource,
     ) -> tuple[int, int]: ...
+
+
+class BatchVerifier(Verifier, Protocol):
+    """A verifier that also verifies the rows of a batch round in one call, reading the device
+    once rather than once per row: ``verify_batch(drafts, qs, p [B, m, V], rngs)`` returns, for
+    each row b, what ``verify(drafts[b], qs[b], p[b, : k_b + 1], rngs[b])`` would, drawing from
+    ``rngs[b]`` in the same order. The engine uses it when a verifier has it."""
+
+    def verify_batch(
+        self,
+        drafts: Sequence[torch.Tensor],
+        qs: Sequence[torch.Tensor | None],
+        p: torch.Tensor,
+        rngs: Sequence[RandomSource],
+    ) -> list[tuple[int, int]]: ...
 
 
 @runtime_checkable

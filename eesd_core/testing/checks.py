@@ -23,7 +23,7 @@ from eesd_core.testing.oracles import (
     independent_rows,
     round_distribution,
 )
-from eesd_core.testing.randomness import NoRandom
+from eesd_core.testing.randomness import NoRandom, ScriptedRandom
 from eesd_core.testing.toy import ToyModel
 
 
@@ -180,4 +180,32 @@ def check_exact_match(verifier: Verifier, drafts: Sequence[int], p: torch.Tensor
         raise DistributionMismatch(
             f"Greedy verification of drafts {list(drafts)} against argmax {targets} returned {tuple(got)}, "
             f"not {(n, targets[n])}."
+        )
+
+
+def check_verify_batch(
+    verifier: Verifier,
+    drafts: Sequence[Sequence[int]],
+    qs: Sequence[torch.Tensor | None],
+    p: torch.Tensor,
+    uniforms: Sequence[tuple[Sequence[float], Sequence[float]]],
+) -> None:
+    """``verify_batch`` answers, row for row, what ``verify`` answers, and draws the same.
+
+    Row b has ``drafts[b]``, q ``qs[b]`` (``[k_b, V]`` or None) and p ``p[b, : k_b + 1]`` of ``p``
+    ``[B, m, V]``; ``uniforms[b]`` are its acceptance and sampling uniforms (a
+    :class:`~eesd_core.testing.randomness.ScriptedRandom` each), handed alike to both paths.
+    """
+    rows = [torch.tensor(list(d), dtype=torch.long) for d in drafts]
+    one_by_one, singles = [], [ScriptedRandom(*u) for u in uniforms]
+    for b, (d, q, rng) in enumerate(zip(rows, qs, singles, strict=True)):
+        n, token = verifier.verify(d, q, p[b, : len(d) + 1], rng)
+        one_by_one.append((int(n), int(token)))
+    together = [ScriptedRandom(*u) for u in uniforms]
+    got = [(int(n), int(t)) for n, t in verifier.verify_batch(rows, list(qs), p, together)]  # type: ignore[attr-defined]
+    if got != one_by_one or [r.calls for r in together] != [r.calls for r in singles]:
+        raise DistributionMismatch(
+            f"verify_batch returned {got} with draws {[r.calls for r in together]}; row by row, "
+            f"verify returned {one_by_one} with draws {[r.calls for r in singles]} "
+            f"(drafts {[list(d) for d in drafts]})."
         )

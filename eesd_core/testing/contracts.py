@@ -37,6 +37,7 @@ from eesd_core.testing.checks import (
     check_lossless,
     check_lossless_batch,
     check_round,
+    check_verify_batch,
 )
 from eesd_core.testing.controllers import ErraticController, always
 from eesd_core.testing.kit import TOY, Setup
@@ -291,6 +292,28 @@ class VerifierContract:
         p = data.draw(es.one_hot_matrices(k + 1, vocab))
         drafts = data.draw(st.lists(st.integers(0, vocab - 1), min_size=k, max_size=k))
         check_exact_match(make_verifier(), drafts, p)
+
+    @examples(40)
+    @given(vocab=st.integers(2, 5), rows=st.integers(1, 4), greedy=st.booleans(), data=st.data())
+    def test_a_batch_is_verified_as_row_by_row(
+        self, make_verifier: Any, vocab: int, rows: int, greedy: bool, data: Any
+    ) -> None:
+        """A verifier with ``verify_batch`` (optional: without it the engine verifies a batch
+        row by row) answers each row as ``verify`` would, with the same draws."""
+        verifier = make_verifier()
+        if not hasattr(verifier, "verify_batch"):
+            pytest.skip("this verifier has no verify_batch: batches are verified row by row")
+        ks = data.draw(st.lists(st.integers(0, 3), min_size=rows, max_size=rows))
+        m = max(ks) + data.draw(st.integers(1, 2))  # a round's p may be longer than a row's k + 1
+        matrices = es.one_hot_matrices if greedy else es.prob_matrices
+        p = torch.stack([data.draw(matrices(m, vocab)) for _ in range(rows)])
+        drafts, qs = [], []
+        for k in ks:
+            drafts.append(data.draw(st.lists(st.integers(0, vocab - 1), min_size=k, max_size=k)))
+            fixed = greedy or not k or data.draw(st.booleans())
+            qs.append(None if fixed else data.draw(es.prob_matrices(k, vocab)))
+        uniforms = st.lists(st.floats(0.0, 1.0), min_size=8, max_size=8)
+        check_verify_batch(verifier, drafts, qs, p, [(data.draw(uniforms), data.draw(uniforms)) for _ in ks])
 
     @examples(20)
     @given(

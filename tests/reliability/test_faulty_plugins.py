@@ -177,3 +177,24 @@ def test_drafter_missing_a_protocol_member_is_named(model) -> None:
     get_manager().register(_AsksPlugin(), "asks-plugin")
     with pytest.raises(PluginFault, match="drafter 'asks' does not declare reads_top_states"):
         SpeculativeDecoder(model, drafter="asks")
+
+
+class _ShortBatchVerifier:
+    """Verifies a batch round but answers one row too few."""
+
+    def verify(self, draft_tokens, q, p, rng):  # noqa: ANN001, ANN201
+        return 0, int(p[0].argmax())
+
+    def verify_batch(self, drafts, qs, p, rngs):  # noqa: ANN001, ANN201
+        return [self.verify(d, None, p[b], None) for b, d in enumerate(drafts)][1:]
+
+
+def test_verifier_answering_too_few_rows_of_a_batch_is_named(model) -> None:
+    get_manager().register(
+        type("_Short", (), {"eesd_register_verifiers": hookimpl(
+            lambda self, register: register.add("short_batch", _ShortBatchVerifier))})(),
+        "short-batch-verifier",
+    )
+    dec = SpeculativeDecoder(model, drafter=None, verifier="short_batch")
+    with pytest.raises(PluginFault, match="verifier 'short_batch' returned .* from verify_batch"):
+        dec.generate([[4, 5, 6], [7, 8]], max_new_tokens=4)

@@ -109,3 +109,82 @@ def test_the_closed_form_itself_gives_p_for_the_first_token(rows):
         for (n, token), prob in lossless_step([draft], q, p).items():
             first[draft if n else token] += float(q[0, draft]) * prob
     assert torch.allclose(first, p[0], rtol=0, atol=1e-12)
+
+
+# -- a batch round verified in one call ----------------------------------------------------------
+
+
+def _batch_case() -> tuple[list[list[int]], list, torch.Tensor, list]:
+    """Three rows: two sampled drafts against q, one fixed draft, none; p over four positions."""
+    gen = torch.Generator().manual_seed(3)
+    p = torch.softmax(torch.randn(3, 4, 5, generator=gen, dtype=torch.float64), -1)
+    q = torch.softmax(torch.randn(2, 5, generator=gen, dtype=torch.float64), -1)
+    uniforms = [([0.1, 0.9, 0.5], [0.3, 0.7]), ([0.95], [0.2]), ([], [0.6])]
+    return [[1, 4], [2], []], [q, None, None], p, uniforms
+
+
+def test_verify_batch_answers_as_verify_does_row_by_row() -> None:
+    from eesd_core.testing.checks import check_verify_batch
+
+    drafts, qs, p, uniforms = _batch_case()
+    check_verify_batch(LosslessVerifier(), drafts, qs, p, uniforms)
+
+
+def test_a_verify_batch_that_mixes_up_rows_is_reported() -> None:
+    """The kit's check catches a batch path that answers a row with another row's p."""
+    from eesd_core.testing.checks import check_verify_batch
+    from eesd_core.testing.errors import DistributionMismatch
+
+    class Shifted(LosslessVerifier):
+        def verify_batch(self, drafts, qs, p, rngs):  # noqa: ANN001, ANN202
+            return super().verify_batch(drafts, qs, p.roll(1, dims=0), rngs)
+
+    drafts, qs, p, uniforms = _batch_case()
+    try:
+        check_verify_batch(Shifted(), drafts, qs, p, uniforms)
+    except DistributionMismatch as exc:
+        assert "verify_batch returned" in str(exc)
+    else:
+        raise AssertionError("a verify_batch reading the wrong rows passed the check")
+
+
+def test_a_subclass_that_changes_verify_is_followed_in_batches() -> None:
+    """Overriding ``verify`` alone must not leave the batch path on the inherited rule."""
+
+    class Stubborn(LosslessVerifier):
+        def verify(self, draft_tokens, q, p, rng):  # noqa: ANN001, ANN202
+            return 0, 1
+
+    drafts, qs, p, _ = _batch_case()
+    rows = [torch.tensor(d, dtype=torch.long) for d in drafts]
+    assert Stubborn().verify_batch(rows, qs, p, [NoRandom()] * 3) == [(0, 1)] * 3
+
+
+def test_a_verifier_without_verify_batch_decodes_batches_alike() -> None:
+    """The engine verifies row by row when a verifier has only ``verify``: same tokens, greedy
+    and sampled with a seed."""
+    from tinymodels import make_tiny
+
+    from eesd_core import SpeculativeDecoder
+
+    class RowByRow:
+        def __init__(self) -> None:
+            self.inner, self.calls = LosslessVerifier(), 0
+
+        def verify(self, draft_tokens, q, p, rng):  # noqa: ANN001, ANN202
+            self.calls += 1
+            return self.inner.verify(draft_tokens, q, p, rng)
+
+    model = make_tiny("llama", 2, layers=4)
+    prompts = [[5, 6, 7, 8, 9], [11, 12], [20, 21, 22]]
+    for temperature in (0.0, 1.0):
+        outs = []
+        for verifier in (None, RowByRow()):
+            dec = SpeculativeDecoder(
+                model, drafter="early_exit", drafter_options={"exit_layer": 2}, controller="fixed"
+            )
+            if verifier is not None:
+                dec.verifier = verifier
+            result = dec.generate(prompts, max_new_tokens=12, temperature=temperature, seed=4)
+            outs.append([s.tolist() for s in result.sequences])
+        assert outs[0] == outs[1] and verifier.calls >= 3 * 12 // 3

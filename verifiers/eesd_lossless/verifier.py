@@ -16,6 +16,8 @@ proposes, is rejected without a draw. Ties in p are settled before the verifier,
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from eesd_core.protocols import RandomSource
@@ -51,6 +53,48 @@ class LosslessVerifier:
             q_row = _one_hot(draft, p_row) if q is None else q[i].to(p_row.dtype)
             return i, _draw(residual(p_row, q_row), rng)
         return k, _draw(p[k], rng)
+
+    def verify_batch(
+        self,
+        drafts: Sequence[torch.Tensor],  # [k_b] each
+        qs: Sequence[torch.Tensor | None],  # [k_b, V] each
+        p: torch.Tensor,  # [B, m, V], m > every k_b
+        rngs: Sequence[RandomSource],
+    ) -> list[tuple[int, int]]:
+        """``verify`` for every row of a batch round, with one read from the device for all rows:
+        each position's argmax and support size and p at each draft, plus q at each draft. Only a
+        draw from a distribution of more than one token (sampling) touches the device per row."""
+        if type(self).verify is not LosslessVerifier.verify:  # a subclass changed verify: follow it
+            rows = enumerate(zip(drafts, qs, rngs, strict=True))
+            return [self.verify(d, q, p[b, : len(d) + 1], rng) for b, (d, q, rng) in rows]
+        rows, m = p.shape[0], p.shape[1]
+        picked = torch.zeros(rows, m, dtype=torch.long)
+        for b, d in enumerate(drafts):
+            picked[b, : d.shape[0]] = d
+        exact = torch.float32 if p.device.type == "mps" else torch.float64  # token ids and p alike
+        read = [p.argmax(-1), (p > 0).sum(-1), p.gather(2, picked.to(p.device)[..., None])[..., 0]]
+        for d, q in zip(drafts, qs, strict=True):
+            if q is not None:  # q_i(d_i)
+                read.append(q[torch.arange(q.shape[0], device=q.device), d.to(q.device)].to(p.device))
+        flat = torch.cat([t.reshape(-1).to(exact) for t in read]).tolist()  # the one read
+        cut = rows * m
+        top, support, targets = flat[:cut], flat[cut : 2 * cut], flat[2 * cut : 3 * cut]
+        proposed = flat[3 * cut :][::-1]  # popped from the end, row after row
+        out = []
+        for b, (d, q, rng) in enumerate(zip(drafts, qs, rngs, strict=True)):
+            k, base = int(d.shape[0]), b * m
+            proposals = [proposed.pop() for _ in range(k)] if q is not None else [1.0] * k
+            for i, draft in enumerate(d.tolist()):
+                if proposals[i] > 0 and rng.bernoulli(min(1.0, targets[base + i] / proposals[i])):
+                    continue
+                p_row = p[b, i]
+                q_row = _one_hot(draft, p_row) if q is None else q[i].to(p_row.dtype)
+                out.append((i, _draw(residual(p_row, q_row), rng)))
+                break
+            else:
+                single = support[base + k] == 1
+                out.append((k, int(top[base + k]) if single else rng.categorical(p[b, k])))
+        return out
 
 
 def _one_hot(token: int, like: torch.Tensor) -> torch.Tensor:
