@@ -292,7 +292,7 @@ class BatchGeneration:
         live = [j for j, row in enumerate(rows) if not self.finished[row]]
         verified = dec.guard.verify_batch(
             dec.verifier,
-            [torch.tensor(drafts[j].tokens, dtype=torch.long) for j in live],
+            [torch.tensor(drafts[j].tokens, dtype=torch.long, device=HOST) for j in live],
             [drafts[j].q(p.shape[-1]) for j in live],
             p if len(live) == len(rows) else p[live],
             [self.rngs[rows[j]] for j in live],
@@ -430,7 +430,8 @@ class BatchGeneration:
         token at 0); padding reads 0. One read of the layout, whatever B."""
         slot = self.layout.slots + step
         valid = self.layout.valid[:, slot : slot + m].to(HOST)
-        at = torch.tensor([self.lengths[row] - 1 + step for row in rows])[:, None] + torch.arange(m)
+        at = torch.tensor([self.lengths[row] - 1 + step for row in rows], device=HOST)[:, None]
+        at = at + torch.arange(m, device=HOST)
         return torch.where(valid, self.tokens[self.ids[:, None], at], 0)
 
     def _mark(self, rows: list[int], start: int, feeding: list[bool], step: int) -> None:
@@ -471,7 +472,7 @@ class BatchGeneration:
         """Keep each row's accepted inputs; the batch moves on past the longest."""
         layout = self.layout
         upto = [-1 if self.finished[row] else results[j][0] for j, row in enumerate(rows)]
-        kept = torch.arange(m)[None] <= torch.tensor(upto)[:, None]  # [B, m]: a row's inputs 0..n
+        kept = torch.arange(m, device=HOST)[None] <= torch.tensor(upto, device=HOST)[:, None]  # inputs 0..n
         layout.valid[:, start : start + m] &= kept.to(layout.valid.device)
         layout.slots = start + max([1, *(n + 1 for n in upto)])
         self.cache.crop(layout.slots)

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 import torch
 
+from eesd_core.devices import HOST
 from eesd_core.protocols import RandomSource
 from eesd_core.sampling import residual
 from eesd_lossless.options import LosslessOptions
@@ -68,7 +69,7 @@ class LosslessVerifier:
             rows = enumerate(zip(drafts, qs, rngs, strict=True))
             return [self.verify(d, q, p[b, : len(d) + 1], rng) for b, (d, q, rng) in rows]
         rows, m = p.shape[0], p.shape[1]
-        picked = torch.zeros(rows, m, dtype=torch.long)
+        picked = torch.zeros(rows, m, dtype=torch.long, device=HOST)  # drafts are host ids
         for b, d in enumerate(drafts):
             picked[b, : d.shape[0]] = d
         exact = torch.float32 if p.device.type == "mps" else torch.float64  # token ids and p alike
