@@ -56,6 +56,7 @@ PRESETS: dict[str, str] = {
     "eesd_default_standard": "eesd:matmul=standard",
     "eesd_default": "eesd",
     "eesd_default_dense": "eesd:skip_padding=false",
+    "eesd_plain_dense": "eesd:drafter=none,skip_padding=false",
     "eesd_fixed_k1": "eesd:controller=fixed,k=1",
     "eesd_fixed_k2": "eesd:controller=fixed,k=2",
     "eesd_fixed_k4": "eesd:controller=fixed,k=4",

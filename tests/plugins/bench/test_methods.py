@@ -36,6 +36,8 @@ def test_matmul_goes_to_the_model_adapter() -> None:
     both = parse_method("eesd:matmul=standard,skip_padding=false").decoder_kwargs()
     assert both["adapter_options"] == {"matmul": "standard", "skip_padding": False}
     assert parse_method("eesd_default_dense").decoder_kwargs()["adapter_options"] == {"skip_padding": False}
+    dense_plain = parse_method("eesd_plain_dense").decoder_kwargs()
+    assert dense_plain["adapter_options"] == {"skip_padding": False} and dense_plain["drafter"] is None
 
 
 def test_hf_early_exit_takes_an_exit_layer() -> None:
