@@ -63,8 +63,9 @@ class LosslessVerifier:
         rngs: Sequence[RandomSource],
     ) -> list[tuple[int, int]]:
         """``verify`` for every row of a batch round, with one read from the device for all rows:
-        each position's argmax and support size and p at each draft, plus q at each draft. Only a
-        draw from a distribution of more than one token (sampling) touches the device per row."""
+        the argmax and support size of p where each row's bonus token would come from (p[b, k_b]),
+        p and q at each draft. Only a draw from a rejection's residual, or from a distribution of
+        more than one token (sampling), touches the device per row."""
         if type(self).verify is not LosslessVerifier.verify:  # a subclass changed verify: follow it
             rows = enumerate(zip(drafts, qs, rngs, strict=True))
             return [self.verify(d, q, p[b, : len(d) + 1], rng) for b, (d, q, rng) in rows]
@@ -73,14 +74,15 @@ class LosslessVerifier:
         for b, d in enumerate(drafts):
             picked[b, : d.shape[0]] = d
         exact = torch.float32 if p.device.type == "mps" else torch.float64  # token ids and p alike
-        read = [p.argmax(-1), (p > 0).sum(-1), p.gather(2, picked.to(p.device)[..., None])[..., 0]]
+        ks = torch.tensor([len(d) for d in drafts], dtype=torch.long, device=HOST).to(p.device)
+        bonus = p[torch.arange(rows, device=p.device), ks]  # [B, V]
+        read = [bonus.argmax(-1), (bonus > 0).sum(-1), p.gather(2, picked.to(p.device)[..., None])[..., 0]]
         for d, q in zip(drafts, qs, strict=True):
             if q is not None:  # q_i(d_i)
                 read.append(q[torch.arange(q.shape[0], device=q.device), d.to(q.device)].to(p.device))
         flat = torch.cat([t.reshape(-1).to(exact) for t in read]).tolist()  # the one read
-        cut = rows * m
-        top, support, targets = flat[:cut], flat[cut : 2 * cut], flat[2 * cut : 3 * cut]
-        proposed = flat[3 * cut :][::-1]  # popped from the end, row after row
+        top, support, targets = flat[:rows], flat[rows : 2 * rows], flat[2 * rows : 2 * rows + rows * m]
+        proposed = flat[2 * rows + rows * m :][::-1]  # popped from the end, row after row
         out = []
         for b, (d, q, rng) in enumerate(zip(drafts, qs, rngs, strict=True)):
             k, base = int(d.shape[0]), b * m
@@ -93,8 +95,7 @@ class LosslessVerifier:
                 out.append((i, _draw(residual(p_row, q_row), rng)))
                 break
             else:
-                single = support[base + k] == 1
-                out.append((k, int(top[base + k]) if single else rng.categorical(p[b, k])))
+                out.append((k, int(top[b]) if support[b] == 1 else rng.categorical(p[b, k])))
         return out
 
 
