@@ -459,7 +459,7 @@ class BatchGeneration:
         top = adapter.run_batch(hidden, first, adapter.num_layers, self.cache, positions, valid)
         rows = top.shape[0]
         live = valid[:, start:end].reshape(-1).to(top.device)
-        if bool(live.all()) or not getattr(getattr(adapter, "options", None), "skip_padding", True):
+        if not getattr(adapter, "skips_padding", True) or bool(live.all()):
             p = target_probs(adapter, top.reshape(1, rows * m, -1), self.sampling)  # [B * m, V]
         else:  # the LM head over the positions that count; padding reads p = 0
             index = live.nonzero().squeeze(1)

@@ -22,13 +22,16 @@ class AdapterOptions(PluginOptions):
     steps, draft steps, verification), :mod:`eesd_core.models.products`. ``"auto"`` measures on
     CPUs, when the adapter is prepared, where ``(W @ x.T).T`` or oneDNN's linear clearly beats
     ``F.linear``, and keeps the faster; ``"standard"`` keeps ``F.linear``; ``"transposed"`` and
-    ``"onednn"`` use that product for every prepared pass. ``skip_padding``: a batched pass
+    ``"onednn"`` use that product for every prepared pass. ``skip_padding``: on, a batched pass
     multiplies only the positions that are not padding (the left padding of prompts, the slots
     of rows that drafted fewer tokens than the longest draft of the round, rows that are done);
-    off, it multiplies every position, as one dense batch."""
+    off, it multiplies every position, as one dense batch. ``"auto"`` skips on CPUs, where a
+    pass costs the arithmetic of its positions, and not elsewhere: on a GPU a decoding pass is
+    bound by launching kernels and reading weights, and gathering the rows that count before
+    every linear layer and scattering them back costs more than the rows it saves."""
 
     matmul: Literal["auto", "standard", "transposed", "onednn"] = "auto"
-    skip_padding: bool = True
+    skip_padding: bool | Literal["auto"] = "auto"
 
 
 class LazyAdapter:

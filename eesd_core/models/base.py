@@ -79,6 +79,12 @@ class DecoderAdapter:
         return self.model.lm_head.weight.device
 
     @property
+    def skips_padding(self) -> bool:
+        """Whether batched passes multiply only the positions that count (``skip_padding``)."""
+        option = self.options.skip_padding
+        return self.device.type == "cpu" if option == "auto" else bool(option)
+
+    @property
     def lm_head_weight(self) -> torch.Tensor:
         """The LM head's weight ``[V, H]`` (tied to the embeddings in some models)."""
         return self.model.lm_head.weight
@@ -228,8 +234,8 @@ class DecoderAdapter:
         to its own slot, within the window of sliding layers, as that row would alone.
 
         A query whose own slot is not valid is padding (a row that drafted fewer tokens, or is
-        done): the linear layers skip it, so a pass costs the positions that count, and its
-        output is unspecified (finite) there.
+        done): its output is unspecified (finite). Where the adapter :attr:`skips_padding`, the
+        linear layers skip it, so a pass costs the positions that count.
         """
         if start >= end:
             return hidden
@@ -239,9 +245,11 @@ class DecoderAdapter:
 
         rotary = self.rotary(hidden, positions) if rotary is None else rotary
         m = hidden.shape[0] * hidden.shape[1]
-        live = valid[:, valid.shape[1] - hidden.shape[1] :].reshape(-1)  # queries that are not padding
-        n = int(live.sum()) if self.options.skip_padding and not torch.is_grad_enabled() else m
-        if 0 < n < m:  # the linear layers skip the padding (training runs every position)
+        n = m  # every position: training, or an adapter that does not skip
+        if self.skips_padding and not torch.is_grad_enabled():
+            live = valid[:, valid.shape[1] - hidden.shape[1] :].reshape(-1)  # queries that count
+            n = int(live.sum())
+        if 0 < n < m:  # the linear layers skip the padding
             index = live.nonzero().squeeze(1).to(hidden.device)
             product = self.products.product(n) if n in self.products else None
             with LinearRouter(self._layers[start:end], product, index):

@@ -48,13 +48,17 @@ def test_greedy_on_the_gpu_agrees_with_transformers(family: str, dtype: torch.dt
                 assert agreement.equal, (family, seed, name, agreement.describe())
 
 
+@pytest.mark.parametrize("skip", ["auto", True], ids=["dense", "skip-padding"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("drafter", ["early_exit", "prompt_lookup", None])
-def test_a_batch_on_the_gpu_agrees_row_by_row(drafter: str | None, dtype: torch.dtype) -> None:
+def test_a_batch_on_the_gpu_agrees_row_by_row(drafter: str | None, dtype: torch.dtype, skip: object) -> None:
+    """Both ways of running a batch's padding on a GPU: computed (``"auto"`` there) and skipped."""
     model = _on_gpu("llama", 1, dtype)
     prompts = [_prompt(n, n) for n in (3, 9, 5, 12)]
     options = {"exit_layer": 2} if drafter == "early_exit" else {}
-    dec = SpeculativeDecoder(model, drafter=drafter, drafter_options=options)
+    padding = {"skip_padding": skip}
+    dec = SpeculativeDecoder(model, drafter=drafter, drafter_options=options, adapter_options=padding)
+    assert dec.adapter.skips_padding is (skip is True)
     rows = dec.generate(prompts, max_new_tokens=24, eos_token_id=[]).sequences
     for prompt, row in zip(prompts, rows, strict=True):
         assert row.device.type == "cpu"

@@ -13,6 +13,7 @@ import pytest
 import torch
 from tinymodels import make_tiny
 
+from eesd_core.errors import ConfigError
 from eesd_core.models import find_adapter
 
 FAMILIES = [("llama", {}), ("qwen2", {}), ("mistral", {"sliding_window": 3}), ("gemma3", {})]
@@ -115,12 +116,16 @@ def test_distillation_capture_equals_one_sequence_at_a_time(family: str, overrid
         assert torch.equal(sample.topk_ids.long(), expected)
 
 
+@pytest.mark.parametrize("skip", [True, False])
 @pytest.mark.parametrize(("family", "overrides"), FAMILIES)
-def test_a_ragged_pass_multiplies_only_the_positions_that_count(family: str, overrides: dict) -> None:
+def test_a_ragged_pass_multiplies_only_the_positions_that_count(
+    family: str, overrides: dict, skip: bool
+) -> None:
     """Rows feeding different numbers of tokens (a verification pass of ragged drafts) leave
     padding at the end of the shorter rows: each row's real positions still equal the row alone,
-    and the linear layers multiply only the real positions."""
-    adapter = find_adapter(make_tiny(family, 2, **overrides))
+    and the linear layers multiply only the real positions (every position, padding included,
+    with ``skip_padding`` off)."""
+    adapter = find_adapter(make_tiny(family, 2, **overrides), {"skip_padding": skip})
     fed = [[20, 21, 22, 23], [24], [25, 26]]  # per row: the tokens this pass feeds
     longest = max(len(p) for p in PROMPTS)
     m = max(len(f) for f in fed)
@@ -144,8 +149,24 @@ def test_a_ragged_pass_multiplies_only_the_positions_that_count(family: str, ove
         where = positions[:, -1:] + 1 + torch.arange(m)
         rows_seen.clear()
         out = adapter.run_batch(adapter.embed(step), 0, adapter.num_layers, cache, where, valid)
-    assert rows_seen and set(rows_seen) == {sum(map(len, fed))}
+    assert rows_seen and set(rows_seen) == {sum(map(len, fed)) if skip else len(fed) * m}
     for b, prompt in enumerate(PROMPTS):
         alone = _alone(adapter, prompt + fed[b])
         torch.testing.assert_close(out[b, : len(fed[b])], alone[len(prompt) :], rtol=0, atol=1e-12)
         assert torch.isfinite(out[b]).all()
+
+
+def test_padding_is_skipped_on_cpus_and_computed_on_gpus_unless_told() -> None:
+    """``skip_padding="auto"`` (the default) skips on a CPU, where a pass costs the arithmetic of
+    its positions, and not on a GPU, where gathering and scattering the rows that count costs
+    more kernels than their rows save; ``True`` and ``False`` hold on every device."""
+    model = make_tiny("llama", 2)
+    gpu = mock.PropertyMock(return_value=torch.device("cuda", 0))
+    for option, on_cpu, on_gpu in (("auto", True, False), (True, True, True), (False, False, False)):
+        adapter = find_adapter(model, {"skip_padding": option})
+        assert adapter.skips_padding is on_cpu
+        with mock.patch.object(type(adapter), "device", gpu):
+            assert adapter.skips_padding is on_gpu
+    assert find_adapter(model).options.skip_padding == "auto"
+    with pytest.raises(ConfigError, match="skip_padding"):
+        find_adapter(model, {"skip_padding": "sometimes"})
