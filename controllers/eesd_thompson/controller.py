@@ -53,7 +53,7 @@ class _Lockstep:
         self._rows = 1  # rows of the round (those that wait for a longer round)
         self._made: dict[int, int] = {}  # index -> rows that drafted at that index this round
         self._refused: dict[int, int] = {}  # index -> rows that stopped at that index
-        self.plain = False  # this round is plain for every row
+        self.plain = False  # this round is plain for every row (``refresh``, or the batch's gate)
 
     def asked(self, row: int) -> bool | None:
         """A row asked for its first draft; if that begins a new round, whether the round before
@@ -135,6 +135,9 @@ class ThompsonController:
             drafted = self._lockstep.asked(step.row)
             if drafted is not None:
                 self._round_ended(drafted, step.costs)
+            if self._lockstep.plain:  # decided for the whole round: the rows after the first
+                self._lockstep.answered(0, False)  # cost a set lookup, not a posterior draw
+                return False
             self._round = self._rounds[step.row] = _Round()
             self._begin_round(step)
         else:
@@ -158,6 +161,7 @@ class ThompsonController:
         if self._lockstep.made(step.index):
             return True  # another row of the batch made this step: the round is that long anyway
         if step.index == 0 and self._gate_shut(step.costs):
+            self._lockstep.plain = True
             return False
         return self._pays_on(step.index, survival)
 

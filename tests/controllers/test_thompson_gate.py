@@ -111,3 +111,25 @@ def test_what_the_gate_measured_shrinks_at_each_start_until_it_measures_again():
     _first_drafts(request_scoped, 40, [3, 3, 3, 1])
     request_scoped.start(Request(4, 64, 8, SamplingParams(), BATCH, batch_size=4))
     assert request_scoped._gates[4].drafted.rounds == request_scoped._gates[4].plain.rounds == 0
+
+
+def test_a_round_the_gate_keeps_plain_costs_its_other_rows_no_draws():
+    """Once the gate has shut, the first row asked decides a plain round for the batch: the rows
+    after it refuse without drawing from the controller's stream (at B = 64 their draws cost
+    more than a millisecond a round on the host). A round the gate lets probe asks every row."""
+    ctrl = _started(4)
+    _first_drafts(ctrl, 40, [3, 3, 3, 1])
+    assert ctrl._gates[4].shut
+    plain = probed = 0
+    for _ in range(60):
+        first = ctrl.should_continue(DraftStep(0, 2, BATCH, row=0))
+        state = ctrl.rng.getstate()
+        rest = [ctrl.should_continue(DraftStep(0, 2, BATCH, row=row)) for row in (1, 2, 3)]
+        if ctrl._lockstep.plain:
+            assert not first and rest == [False, False, False] and ctrl.rng.getstate() == state
+            plain += 1
+        else:
+            probed += 1
+        for row in range(4):
+            ctrl.update(RoundOutcome(0, 0, 0, (1,), 0.0, 1.0, costs=BATCH, row=row))
+    assert plain >= 50 and plain + probed == 60
