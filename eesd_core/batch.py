@@ -280,8 +280,7 @@ class BatchGeneration:
 
     def _round(self) -> list[list[int]]:
         dec, layout = self.decoder, self.layout
-        rows = self.ids.tolist()
-        start = layout.slots
+        rows, start = self.ids.tolist(), layout.slots
         tracker = dec.costs_for(len(rows))
         costs = tracker.snapshot()
         t0 = dec.clock()
@@ -290,9 +289,11 @@ class BatchGeneration:
         m = max(len(d.tokens) for d in drafts) + 1
         p, top = self._target(rows, start, m, hidden)  # [B, m, V]
         live = [j for j, row in enumerate(rows) if not self.finished[row]]
+        none = torch.empty(0, dtype=torch.long, device=HOST)  # the rows that drafted nothing share it
+        tokens = [drafts[j].tokens for j in live]
         verified = dec.guard.verify_batch(
             dec.verifier,
-            [torch.tensor(drafts[j].tokens, dtype=torch.long, device=HOST) for j in live],
+            [torch.tensor(t, dtype=torch.long, device=HOST) if t else none for t in tokens],
             [drafts[j].q(p.shape[-1]) for j in live],
             p if len(live) == len(rows) else p[live],
             [self.rngs[rows[j]] for j in live],

@@ -72,7 +72,8 @@ class LosslessVerifier:
         rows, m = p.shape[0], p.shape[1]
         picked = torch.zeros(rows, m, dtype=torch.long, device=HOST)  # drafts are host ids
         for b, d in enumerate(drafts):
-            picked[b, : d.shape[0]] = d
+            if d.shape[0]:
+                picked[b, : d.shape[0]] = d
         exact = torch.float32 if p.device.type == "mps" else torch.float64  # token ids and p alike
         ks = torch.tensor([len(d) for d in drafts], dtype=torch.long, device=HOST).to(p.device)
         bonus = p[torch.arange(rows, device=p.device), ks]  # [B, V]
@@ -87,7 +88,7 @@ class LosslessVerifier:
         for b, (d, q, rng) in enumerate(zip(drafts, qs, rngs, strict=True)):
             k, base = int(d.shape[0]), b * m
             proposals = [proposed.pop() for _ in range(k)] if q is not None else [1.0] * k
-            for i, draft in enumerate(d.tolist()):
+            for i, draft in enumerate(d.tolist() if k else ()):
                 if proposals[i] > 0 and rng.bernoulli(min(1.0, targets[base + i] / proposals[i])):
                     continue
                 p_row = p[b, i]
