@@ -458,9 +458,9 @@ class BatchGeneration:
         end = start + m
         positions, valid = layout.positions[:, start:end], layout.valid[:, :end]
         top = adapter.run_batch(hidden, first, adapter.num_layers, self.cache, positions, valid)
-        rows = top.shape[0]
-        live = valid[:, start:end].reshape(-1).to(top.device)
-        if not getattr(adapter, "skips_padding", True) or bool(live.all()):
+        rows, skips = top.shape[0], getattr(adapter, "skips_padding", True)
+        live = valid[:, start:end].reshape(-1).to(top.device) if skips else None
+        if live is None or bool(live.all()):
             p = target_probs(adapter, top.reshape(1, rows * m, -1), self.sampling)  # [B * m, V]
         else:  # the LM head over the positions that count; padding reads p = 0
             index = live.nonzero().squeeze(1)
