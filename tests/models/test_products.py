@@ -61,6 +61,31 @@ def test_transposed_linear_equals_linear(rows: int, batched: bool, with_bias: bo
     torch.testing.assert_close(out, F.linear(x, weight, bias), rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("rows", [2, 3, 8])
+def test_transposed_linear_hands_on_rows_laid_out_row_by_row(rows: int) -> None:
+    """A product's result feeds the next product (an MLP's down matrix reads ``act(gate(x)) *
+    up(x)``). ``(W @ x.T).T`` alone is a column-major view, and a product over column-major rows
+    takes a slow GEMM path on CPUs, so the result, and the rows a product reads, are row-major."""
+    gen = torch.Generator().manual_seed(rows)
+    gate, down = (torch.randn(*shape, generator=gen, dtype=torch.float64) for shape in ((29, 11), (13, 29)))
+    x = torch.randn(11, rows, generator=gen, dtype=torch.float64).t()  # rows in column-major order
+    hidden = transposed_linear(x, gate)
+    assert hidden.is_contiguous()
+    torch.testing.assert_close(hidden, F.linear(x, gate), rtol=1e-12, atol=1e-12)
+    read: list[torch.Tensor] = []
+    original = torch.Tensor.__matmul__
+
+    def spy_matmul(weight: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+        read.append(other)
+        return original(weight, other)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.Tensor, "__matmul__", spy_matmul)
+        out = transposed_linear(hidden.t().contiguous().t() * 2.0, down)  # column-major again
+    assert out.is_contiguous() and [t.t().is_contiguous() for t in read] == [True]
+    torch.testing.assert_close(out, F.linear(hidden * 2.0, down), rtol=1e-12, atol=1e-12)
+
+
 @pytest.fixture
 def spy(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The row count of every product that went through :func:`transposed_linear`."""
@@ -186,6 +211,18 @@ def test_decisions_are_kept_per_shape_and_thread_count(monkeypatch, own_decision
     finally:
         torch.set_num_threads(threads)
     assert measured == [[1], [1], [1]] and len(list(own_decisions.glob("*.json"))) == 3
+
+
+def test_decisions_for_other_products_are_not_read(monkeypatch, own_decisions) -> None:  # noqa: ANN001
+    """Decisions kept before the products changed timed other products: a new version of them
+    measures again, in a file of its own."""
+    model = make_tiny("llama", 3, dtype=torch.float32)
+    measured = calibrations(monkeypatch)
+    plan_for(find_adapter(model), "auto", 1)
+    products._DECISIONS.clear()
+    monkeypatch.setattr(products, "PRODUCTS_VERSION", products.PRODUCTS_VERSION + 1)
+    plan_for(find_adapter(model), "auto", 1)
+    assert measured == [[1], [1]] and len(list(own_decisions.glob("*.json"))) == 2
 
 
 def test_an_unreadable_file_is_measured_again_and_replaced(monkeypatch, own_decisions) -> None:  # noqa: ANN001
