@@ -42,7 +42,7 @@ KINDS = {"code": PROMPTS / "code-heldout.json", "chat": PROMPTS / "heldout.json"
 class NoLooks(ThompsonController):
     """The default controller, drafting only when its cost rule says so (no looks)."""
 
-    def _look_pays(self) -> bool:
+    def _look_pays(self, weight: float) -> bool:
         return False
 
 
