@@ -60,8 +60,7 @@ PRODUCTS = ("transposed", "onednn")  # the products other than F.linear, by name
 MARGIN = 0.85
 # Decoder-layer weights a calibration pass reads at most; the rest of the layers are extrapolated.
 SAMPLE_BYTES = 512 << 20
-# Changes with the products themselves, so that decisions kept on disk for older ones are not read.
-PRODUCTS_VERSION = 2
+PRODUCTS_VERSION = 2  # changes with the products, so that decisions kept for older ones are not read
 
 
 def transposed_linear(
@@ -69,13 +68,9 @@ def transposed_linear(
 ) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` computed as ``(weight @ x.T).T`` (weights read once).
 
-    A single row is padded with a row of zeros, which keeps it on the GEMM path. Several rows,
-    and their result, are laid out row by row: ``(weight @ x.T).T`` is a column-major view, and a
-    later product over such rows (an MLP's down matrix reads ``act(gate(x)) * up(x)``, which
-    keeps that layout) sends the GEMM down a path that reads the weights slowly. On a 2-core x86
-    CPU, with this product for every pass, that made a pass of SmolLM2 over two positions cost
-    1.5 times a pass over one, and one of Qwen2.5-1.5B 1.8 times; laid out row by row, 1.05 and
-    1.05 times.
+    A single row is padded with a row of zeros, which keeps it on the GEMM path. Several rows, and
+    their result, are row-major: a GEMM over column-major rows (``.T`` of a result, kept by an MLP's
+    ``act(gate(x)) * up(x)``) reads the weights slowly (README, "Short passes on CPUs").
     """
     rows = x.reshape(-1, x.shape[-1])
     if rows.shape[0] == 1:
