@@ -21,12 +21,13 @@ from eesd_core.errors import ConfigError, InputError
 from eesd_core.generation import Generation
 from eesd_core.guards import Guarded
 from eesd_core.models import find_adapter
+from eesd_core.models.products import EXACT_ROWS
 from eesd_core.protocols import RandomSource, RoundOutcome
 from eesd_core.registry import get_manager
 from eesd_core.sampling import TorchRandom
 from eesd_core.stats import GenerationStats
 
-PREPARED_ROWS = 16  # past this many rows a pass is compute-bound: F.linear serves it
+PREPARED_ROWS = EXACT_ROWS  # wider passes take the product of their bucket of row counts
 
 
 @dataclass
@@ -277,7 +278,7 @@ class SpeculativeDecoder:
     def prepare(self, batch_size: int = 1) -> None:
         """Let the adapter choose how its short passes run (it may time a few passes the first
         time a row count is met). A batch's passes have B times the rows, counted up to
-        ``PREPARED_ROWS``; beyond that the standard product serves them."""
+        ``PREPARED_ROWS``; wider ones are decided by bucket (:func:`~eesd_core.models.products.plan_for`)."""
         per_row = self.config.max_draft_tokens + 1 if self.drafter is not None else 1
         rows = per_row if batch_size == 1 else min(batch_size * per_row, PREPARED_ROWS)
         if rows > self._prepared:

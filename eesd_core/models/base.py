@@ -99,6 +99,11 @@ class DecoderAdapter:
         """
         self.products = plan_for(self, self.options.matmul, max_rows)
 
+    def _planned(self, m: int) -> bool:
+        """Whether a pass over m positions takes the planned product: never under autograd
+        (oneDNN's linear has no backward)."""
+        return m in self.products and not torch.is_grad_enabled()
+
     def _router(self, key: Any, modules: Sequence[nn.Module], m: int) -> LinearRouter:
         """The router of ``modules`` to the planned product of passes over m positions."""
         product = self.products.product(m)
@@ -158,7 +163,7 @@ class DecoderAdapter:
 
         rotary = self.rotary(hidden, position) if rotary is None else rotary
         m = hidden.shape[0] * hidden.shape[1]
-        if m not in self.products:
+        if not self._planned(m):
             return self._run(hidden, start, end, cache, rotary, masks)
         with self._router((start, end), self._layers[start:end], m):
             return self._run(hidden, start, end, cache, rotary, masks)
@@ -198,7 +203,7 @@ class DecoderAdapter:
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Normed hidden ``[1, m, H]`` to logits ``[m, V]``."""
         m = hidden.shape[0] * hidden.shape[1]
-        if m not in self.products:
+        if not self._planned(m):
             return self.lm_logits(hidden)[0]
         with self._router("lm_head", [self.model.lm_head], m):
             return self.lm_logits(hidden)[0]
@@ -209,7 +214,7 @@ class DecoderAdapter:
         if weight is None:
             return self.model.lm_head(hidden)
         m = hidden.numel() // hidden.shape[-1]
-        if m in self.products and not torch.is_grad_enabled():  # a draft step, not training
+        if self._planned(m):  # a draft step, not training
             return product_linear(self.products.product(m), hidden, weight)
         return F.linear(hidden, weight)
 
@@ -251,10 +256,10 @@ class DecoderAdapter:
             n = int(live.sum())
         if 0 < n < m:  # the linear layers skip the padding
             index = live.nonzero().squeeze(1).to(hidden.device)
-            product = self.products.product(n) if n in self.products else None
+            product = self.products.product(n) if self._planned(n) else None
             with LinearRouter(self._layers[start:end], product, index):
                 return self._run(hidden, start, end, cache, rotary, masks)
-        if m not in self.products:
+        if not self._planned(m):
             return self._run(hidden, start, end, cache, rotary, masks)
         with self._router((start, end), self._layers[start:end], m):
             return self._run(hidden, start, end, cache, rotary, masks)
@@ -287,7 +292,7 @@ class DecoderAdapter:
         rotary = self.rotary(hidden, position) if rotary is None else rotary
         made: dict[int | None, torch.Tensor | None] = {}
         m = hidden.shape[0] * hidden.shape[1]
-        routed = m in self.products and not torch.is_grad_enabled()  # a draft step, not training
+        routed = self._planned(m)  # a draft step, not training
         with self._router(("copies", *layers), layers, m) if routed else nullcontext():
             for layer in layers:
                 window = self._window_of(layer)

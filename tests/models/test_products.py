@@ -34,13 +34,14 @@ def own_decisions(tmp_path, monkeypatch: pytest.MonkeyPatch):
     return tmp_path / "products"
 
 
-def calibrations(monkeypatch: pytest.MonkeyPatch) -> list[list[int]]:
-    """The row counts of every calibration from now on."""
+def calibrations(monkeypatch: pytest.MonkeyPatch, wide: bool = False) -> list[list[int]]:
+    """The row counts of every calibration from now on: of short passes, or of wide ones."""
     measured: list[list[int]] = []
     real = products.calibrate
 
     def spy(adapter, max_rows, **kwargs):  # noqa: ANN001, ANN202
-        measured.append(sorted(kwargs.get("only") or range(1, max_rows + 1)))
+        if kwargs.get("head", True) != wide:
+            measured.append(sorted(kwargs.get("only") or range(1, max_rows + 1)))
         return real(adapter, max_rows, **kwargs)
 
     monkeypatch.setattr(products, "calibrate", spy)
@@ -124,9 +125,23 @@ def test_the_adapter_transposes_only_passes_of_planned_row_counts(spy: list[int]
     per_pass = 7 * adapter.num_layers  # q, k, v, o, gate, up, down
     for position, m in ((0, 2), (2, 1), (3, 3), (6, 4)):
         spy.clear()
-        hidden = adapter.run_layers(adapter.embed(torch.arange(m)), 0, adapter.num_layers, cache, position)
-        adapter.logits(adapter.norm(hidden))
+        with torch.no_grad():
+            ids = adapter.embed(torch.arange(m))
+            adapter.logits(adapter.norm(adapter.run_layers(ids, 0, adapter.num_layers, cache, position)))
         assert spy == ([m] * (per_pass + 1) if m in (1, 3) else []), m
+
+
+def test_passes_under_autograd_keep_f_linear(spy: list[int]) -> None:
+    """oneDNN's linear has no backward (its gradients would be silently wrong): a pass that
+    records gradients keeps ``F.linear`` whatever the plan says."""
+    adapter = find_adapter(make_tiny("llama", 0))
+    adapter.products = fixed_plan([2])
+    hidden = adapter.run_layers(adapter.embed(torch.arange(2)), 0, adapter.num_layers, adapter.new_cache(), 0)
+    adapter.logits(adapter.norm(hidden)).sum().backward()
+    assert spy == []
+    with torch.no_grad():
+        adapter.run_layers(adapter.embed(torch.arange(2)), 0, adapter.num_layers, adapter.new_cache(), 0)
+    assert spy == [2] * (7 * adapter.num_layers)
 
 
 def test_a_pass_outside_the_plan_enters_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -234,7 +249,8 @@ def test_an_unreadable_file_is_measured_again_and_replaced(monkeypatch, own_deci
     products._DECISIONS.clear()
     plan = plan_for(find_adapter(model), "auto", 2)
     assert measured == [[1, 2], [1, 2]]
-    assert json.loads(kept.read_text()).keys() == {"1", "2"} and set(plan.timings) == {1, 2}
+    assert json.loads(kept.read_text()).keys() == {str(m) for m in (1, 2, *products.WIDE_ROWS)}
+    assert set(plan.timings) == {1, 2}
     assert [p.name for p in own_decisions.iterdir()] == [kept.name], "no temporary file is left"
 
 
@@ -456,9 +472,10 @@ def test_a_planned_row_count_runs_its_product(kinds: list[str]) -> None:
     cache = adapter.new_cache()
     for position, m, expected in ((0, 3, "onednn"), (3, 1, "transposed"), (4, 2, None)):
         kinds.clear()
-        adapter.logits(
-            adapter.norm(adapter.run_layers(adapter.embed(torch.arange(m)), 0, 4, cache, position))
-        )
+        with torch.no_grad():  # a decoding pass (under autograd every pass keeps F.linear)
+            adapter.logits(
+                adapter.norm(adapter.run_layers(adapter.embed(torch.arange(m)), 0, 4, cache, position))
+            )
         assert set(kinds) == ({expected} if expected else set()), m
 
 
@@ -508,7 +525,8 @@ def test_a_per_shape_product_sends_each_matrix_to_its_own(monkeypatch: pytest.Mo
         adapter.norm(adapter.run_layers(hidden, 0, 4, adapter.new_cache(), 0)), adapter.lm_head_weight
     )
     seen.clear()
-    out = adapter.logits(adapter.norm(adapter.run_layers(hidden, 0, 4, cache, 0)))
+    with torch.no_grad():
+        out = adapter.logits(adapter.norm(adapter.run_layers(hidden, 0, 4, cache, 0)))
     assert seen and all((name == "transposed") == (shape == tall) for name, shape in seen)
     assert {name for name, _ in seen} == {"transposed", "onednn"}
     torch.testing.assert_close(out, expected[0], atol=1e-5, rtol=1e-4)
@@ -535,3 +553,63 @@ def test_each_shape_gets_the_product_that_is_faster_for_it(monkeypatch: pytest.M
         assert table.pop(None) == "onednn"
         assert tuple(adapter.lm_head_weight.shape) in table
         assert table and all(kind == ("transposed" if r > c else "onednn") for (r, c), kind in table.items())
+
+
+def test_wider_passes_take_the_decision_of_their_bucket() -> None:
+    """Past EXACT_ROWS a pass over m positions takes the first bucket at or above m (the last
+    beyond it); row counts planned one by one keep their own decision."""
+    plan = MatmulPlan(frozenset({1, 20}), wide={32: "onednn", 512: "onednn"})
+    assert [m in plan for m in (1, 2, 16, 17, 20, 32, 33, 64, 300, 512, 4096)] == [
+        True, False, False, True, True, True, False, False, True, True, True,
+    ]  # fmt: skip
+    assert plan.product(17) == plan.product(4096) == "onednn" and plan.product(20) == "transposed"
+    assert "oneDNN's for wider passes over m = 17-32, 257-512 and more" in plan.describe()
+    assert 17 not in MatmulPlan(frozenset({1})), "no wide decisions: wide passes keep F.linear"
+    assert MatmulPlan(wide={64: "onednn"}).describe() == "oneDNN's for wider passes over m = 33-64"
+
+
+@needs_onednn
+def test_a_wide_pass_runs_its_buckets_product(kinds: list[str]) -> None:
+    adapter = find_adapter(make_tiny("qwen2", 0, dtype=torch.float32))
+    adapter.products = MatmulPlan(wide={32: "onednn"})
+    cache = adapter.new_cache(capacity=80)
+    for position, m, expected in ((0, 20, {"onednn"}), (20, 3, set()), (23, 40, set())):
+        kinds.clear()
+        with torch.no_grad():
+            hidden = adapter.run_layers(adapter.embed(torch.arange(m)), 0, 4, cache, position)
+            adapter.logits(adapter.norm(hidden))
+        assert set(kinds) == expected, m
+
+
+@needs_onednn
+def test_wide_buckets_are_measured_once_and_kept(monkeypatch, own_decisions) -> None:  # noqa: ANN001
+    """``auto`` times the wide buckets with the first plan of a model, whatever its ``max_rows``,
+    keeps them on disk with the rest, and a new process reads them."""
+    model = make_tiny("llama", 6, dtype=torch.float32)
+    measured = calibrations(monkeypatch, wide=True)
+    first = plan_for(find_adapter(model), "auto", 2)
+    plan_for(find_adapter(model), "auto", 4)
+    assert measured == [list(products.WIDE_ROWS)]
+    (kept,) = own_decisions.glob("*.json")
+    decisions = json.loads(kept.read_text())
+    for m in products.WIDE_ROWS:
+        planned, (standard, onednn), product = decisions[str(m)]
+        assert standard > 0 and onednn > 0 and planned == (m in first.wide)
+        assert not planned or (product == "onednn" and onednn < products.MARGIN * standard)
+    products._DECISIONS.clear()
+    assert plan_for(find_adapter(model), "auto", 2).wide == first.wide and len(measured) == 1
+
+
+def test_wide_passes_keep_f_linear_where_onednn_does_not_serve(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(products, "onednn_serves", lambda dtype, device: False)
+    measured = calibrations(monkeypatch, wide=True)
+    plan = plan_for(find_adapter(make_tiny("llama", 7, dtype=torch.float32)), "auto", 2)
+    assert plan.wide == {} and measured == [] and 40 not in plan
+
+
+@needs_onednn
+def test_a_calibration_without_the_head_runs_no_lm_head(monkeypatch: pytest.MonkeyPatch) -> None:
+    adapter = find_adapter(make_tiny("llama", 1, dtype=torch.float32))
+    monkeypatch.setattr(adapter, "logits", lambda hidden: pytest.fail("the LM head ran"))
+    plan = calibrate(adapter, 40, only=[20, 40], repeats=2, candidates=["onednn"], head=False)
+    assert set(plan.timings) == {20, 40} and all(a > 0 and b > 0 for a, b in plan.timings.values())
