@@ -243,7 +243,8 @@ class BatchGeneration:
         zeros (the buffer it keeps for the whole call), else the last slot's ``[B, 1, H]``.
         Ragged prompts run in groups of rows, each over its own slots only
         (:func:`packed_groups`), which skips most of their left padding, and on a CPU no pass
-        covers more than ``CPU_PASS_TOKENS`` tokens; skipped slots hold zeros."""
+        covers more than ``CPU_PASS_TOKENS`` tokens; skipped slots hold zeros. An adapter that
+        does not skip padding (a GPU's, by default) runs them in one pass, as transformers does."""
         adapter, layout = self.decoder.adapter, self.layout
         drafter = self.decoder.drafter
         shared = drafter.shared_layers if self._batched else 0  # type: ignore[union-attr]
@@ -261,7 +262,8 @@ class BatchGeneration:
 
         like = {"dtype": adapter.dtype, "device": adapter.device}
         tops = torch.zeros(rows, layout.capacity if keep_tops else 1, adapter.hidden_size, **like)
-        groups = packed_groups(valid, max_tokens=pass_tokens(adapter.device))
+        skips = getattr(adapter, "skips_padding", True)  # on a GPU a group costs a pass of launches
+        groups = packed_groups(valid, max_tokens=pass_tokens(adapter.device)) if skips else None
         if groups is None:
             hidden, top = run(torch.arange(rows, device=adapter.device), 0, self.cache)
             tops[:, : top.shape[1]] = top

@@ -27,7 +27,7 @@ from eesd_core.protocols import SamplingParams
 
 def check_finite(logits: torch.Tensor, what: str) -> None:
     """Refuse NaN (and +inf) logits: sampling from them would be silently wrong."""
-    if torch.isnan(logits).any() or torch.isposinf(logits).any():
+    if bool((torch.isnan(logits) | torch.isposinf(logits)).any()):  # one read of the device
         raise NumericalError(
             f"{what} logits contain NaN or +inf. The model produced invalid values: check its "
             "weights and dtype (float16 overflows easily; try float32 or bfloat16)."

@@ -245,7 +245,8 @@ class BatchDrafting:
         top = self._tops_before_batch(state, start, count) if self.reads_top_states else None
         layout = state.layout
         positions, valid = layout.positions[:, start : start + count], layout.valid[:, : start + count]
-        groups = packed_groups(valid, max_tokens=pass_tokens(self.adapter.device)) if start == 0 else None
+        packs = start == 0 and getattr(self.adapter, "skips_padding", True)  # as the target's prefill
+        groups = packed_groups(valid, max_tokens=pass_tokens(self.adapter.device)) if packs else None
         if groups is None:
             self.head.hidden(backlog, positions, state.exit_cache, None, top, valid)
         else:  # mostly left padding (ragged prompts): each group of rows runs its own slots only

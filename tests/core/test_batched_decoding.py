@@ -100,6 +100,40 @@ def test_every_row_equals_its_greedy_decoding_alone(model, heads, controller: st
         assert out.stats.new_tokens == sum(len(e) for e in expected)
 
 
+@pytest.mark.parametrize("name", ["plain", "exit", "top"])
+def test_a_dense_adapter_prefills_ragged_prompts_in_one_pass(model, heads, name, monkeypatch) -> None:
+    """Where padding is computed (``skip_padding`` off, the default on GPUs: each group of rows
+    would cost a pass of kernel launches), the target's prefill runs every row over every slot in
+    one pass, as transformers does, and so do the exit layers when they catch up; every row still
+    equals its greedy decoding alone. Skipping padding, ragged prompts go in groups."""
+    import eesd_early_exit.batch as exit_batch
+
+    import eesd_core.batch as core_batch
+
+    grouped: list[int] = []
+    for module in (core_batch, exit_batch):
+        packed = module.packed_groups
+        monkeypatch.setattr(
+            module, "packed_groups", lambda v, packed=packed, **kw: grouped.append(1) or packed(v, **kw)
+        )
+    prompts = _prompts()
+    eos = _eos_for(model, prompts)
+    expected = [_solo(model, p, eos) for p in prompts]
+    for skip in (False, True):
+        grouped.clear()
+        options = _drafters(heads)[name] | {"adapter_options": {"skip_padding": skip}}
+        dec = SpeculativeDecoder(model, controller="fixed", controller_options={"k": 2}, **options)
+        embed, passes = dec.adapter.embed, []
+        dec.adapter.embed = lambda t, embed=embed, passes=passes: passes.append(t.shape) or embed(t)
+        generation = dec.stream(prompts, max_new_tokens=NEW, eos_token_id=[eos])
+        next(generation)
+        assert (len(passes) == 1) is not skip, (name, skip, passes)  # the prefill's passes
+        rest = list(generation)
+        assert rest and bool(grouped) is skip, (name, skip)
+        got = [row[len(p) :] for row, p in zip(generation.sequences, prompts, strict=True)]
+        assert got == expected, (name, skip)
+
+
 def test_drafts_equal_the_solo_drafts(model, heads) -> None:
     """With a fixed k, each row's rounds in the batch are its rounds alone: same drafts, same q."""
     prompts = _prompts(1)
