@@ -8,7 +8,8 @@ says drafting might pay; when the measured costs say drafting could never pay, i
 more rarely, in case a noisy first measurement overstated them. Calibration-TS replaces theta for
 the drafts already made by the posterior of their confidence bucket. Where the engine allows it,
 ``keep`` takes back a draft whose bucket says it would not repay its verification, and a round may
-draft one token only to look at its confidence (``ThompsonOptions.withdraw``).
+draft one token only to look at its confidence (``ThompsonOptions.withdraw``). The rows of a batch
+round share its draws: a draft step is the whole batch's time, so the batch explores as one.
 """
 
 from __future__ import annotations
@@ -101,6 +102,7 @@ class ThompsonController:
         self._shared: dict[tuple[Any, ...], tuple[object, Any]] = {}  # see _once
         self._gates: dict[int, BatchGate] = {}  # by batch size, for static batches (``gate``)
         self._static = False  # this generation is one batch call
+        self._max_k = 0  # Request.max_draft_tokens
 
     @property
     def kinds_seen(self) -> set[int]:
@@ -118,6 +120,7 @@ class ThompsonController:
         self._shared.clear()
         self.withdraws = request.withdraws and self.options.withdraw and self.options.stop_rule == "cost"
         self._static = request.batch_size > 1 and self.options.gate and self.options.stop_rule == "cost"
+        self._max_k = request.max_draft_tokens
         for gate in self._gates.values():
             gate.start(0.0 if self.options.scope == "request" else self.options.decay)
         if self.options.scope == "request":
@@ -133,7 +136,8 @@ class ThompsonController:
     def should_continue(self, step: DraftStep) -> bool:
         if step.index == 0:
             drafted = self._lockstep.asked(step.row)
-            if drafted is not None:
+            if drafted is not None:  # a new round: what the rows of the last one shared is done
+                self._shared.clear()
                 self._round_ended(drafted, step.costs)
             if self._lockstep.plain:  # decided for the whole round: the rows after the first
                 self._lockstep.answered(0, False)  # cost a set lookup, not a posterior draw
@@ -163,7 +167,17 @@ class ThompsonController:
         if step.index == 0 and self._gate_shut(step.costs):
             self._lockstep.plain = True
             return False
-        return self._pays_on(step.index, survival)
+        pays = self._pays_on(step.index, survival)
+        if (
+            not pays
+            and step.index == 0
+            and step.costs.batch_size > 1
+            and step.max_draft_tokens >= self._max_k
+        ):
+            # the rows asked after this one share its draws (_draw) at a higher weight: none would
+            # draft, so the round is plain, and they cost a lookup, not the rule
+            self._lockstep.plain = True
+        return pays
 
     def keep(self, step: DraftStep) -> bool:
         """Whether to verify a draft whose q was seen (asked before it is sampled, only when the
@@ -183,7 +197,8 @@ class ThompsonController:
         self.rounds += 1
         self._shared.clear()
         if self._static and outcome.costs.batch_size > 1:
-            self._gates.setdefault(outcome.costs.batch_size, BatchGate()).observe(outcome)
+            size = outcome.costs.batch_size
+            (self._gates.get(size) or self._gates.setdefault(size, BatchGate())).observe(outcome)
         self._kinds.setdefault(outcome.costs.batch_size, set()).add(outcome.drafted)
         k, n, withdrawn = outcome.drafted, outcome.accepted, outcome.withdrawn
         if k == 0 and withdrawn is None:
@@ -222,16 +237,30 @@ class ThompsonController:
             limit = self._round.limit
             times = self._once(("times", limit), step.costs, lambda: self._round_times(step.costs, limit))
             self._round.times = times
-        self._draw()
+        self._draw(step.costs if step.costs.batch_size > 1 else None)
         probe, times = self.options.probe_tokens, self._round.times
         if times is not None and probe is not None and not self._once(("pays",), times, self._pays):
             self._round.limit = min(self._round.limit, probe)
 
-    def _draw(self) -> None:
-        self._round.theta = self.posterior.sample(self.rng)
-        self._round.cells = {}
-        if self._round.times is not None:
-            self._round.rate = best_rate(self._round.theta, self._round.times)
+    def _draw(self, batch: Costs | None = None) -> None:
+        """Draw theta (and, as they are needed, the buckets' draws) for this row's round. The rows
+        of a batch round (``batch``: its costs) share one draw: a draft step is the whole batch's
+        time, so the batch explores as one, and B rows cost one draw, not B."""
+        if batch is None:
+            self._round.theta, self._round.cells = self.posterior.sample(self.rng), {}
+        else:
+            self._round.theta, self._round.cells = self._once(
+                ("draw",), batch, lambda: (self.posterior.sample(self.rng), {})
+            )
+        times = self._round.times
+        if times is not None:
+            theta = self._round.theta
+            rate = (
+                best_rate(theta, times)
+                if batch is None
+                else self._once(("rate",), times, lambda: best_rate(theta, times))
+            )
+            self._round.rate = rate
 
     def _pays(self) -> bool:
         """Whether drafting pays at the posterior mean: if not, drafting now is a probe."""

@@ -206,11 +206,46 @@ def test_a_step_every_row_drafts_costs_each_row_its_time_once():
     measured(ctrl, 4)
     ctrl.rng = Draws(0.7)
     assert lockstep_round(ctrl, limits=(1, 1, 1, 1)) == [1, 1, 1, 1]
-    ctrl.rng = Draws(0.01)
-    for row in (0, 1, 2):  # three rows that expect nothing refuse the step
-        assert not ctrl.should_continue(DraftStep(0, 1, BATCH, row=row))
-    ctrl.rng = Draws(0.7)
+    for row in (0, 1, 2):  # three rows at the end of their budget refuse the step
+        assert not ctrl.should_continue(DraftStep(0, 0, BATCH, row=row))
     assert not ctrl.should_continue(DraftStep(0, 1, BATCH, row=3))
+
+
+class Counted(Draws):
+    """``Draws``, counting the draws."""
+
+    def __init__(self, theta):
+        super().__init__(theta)
+        self.draws = 0
+
+    def betavariate(self, alpha, beta):
+        self.draws += 1
+        return super().betavariate(alpha, beta)
+
+    def random(self):
+        self.draws += 1
+        return super().random()
+
+
+@pytest.mark.parametrize("theta", [0.7, 0.01])
+def test_the_rows_of_a_batch_round_share_one_draw(theta):
+    """A draft step is every row's time, so the batch explores as one: the rows of a round share
+    the round's draws (B rows cost one posterior draw, not B), and once a row free to draft its
+    longest round refuses, the round is plain and the rows after it cost a lookup. The next round
+    draws afresh."""
+    ctrl = started(alpha0=700, beta0=300, variant="beta")
+    measured(ctrl, 4)
+    for _ in range(2):
+        ctrl.rng = Counted(theta)
+        ks = lockstep_round(ctrl, limits=(8, 8, 8, 8))
+        assert len(set(ks)) == 1 and (ks[0] > 0) is (theta > 0.5)
+        assert ctrl.rng.draws == 1 if theta < 0.5 else ctrl.rng.draws <= 2
+    alone = started(alpha0=700, beta0=300, variant="beta")
+    measured(alone, 1)
+    alone.rng = Counted(theta)
+    run_round(alone)
+    run_round(alone)
+    assert alone.rng.draws >= 2  # a round alone draws once, as before
 
 
 def test_rows_asked_after_a_step_was_made_draft_it_for_free():
@@ -261,11 +296,11 @@ def test_the_cost_tracker_replaces_a_stale_figure_and_smooths_a_fresh_one():
 
 
 def test_what_the_rows_of_a_round_share_is_computed_once_and_changes_no_decision():
-    """A batch round's rows share its round times and what the posterior mean says of them; the
-    controller computes them for the first row only. Every decision, over rounds whose rows have
-    different limits and whose outcomes move the posterior (a drafter that turns bad) under costs
-    that stay the same for rounds in a row, equals a controller's that computes everything anew
-    for every row."""
+    """A batch round's rows share its round times, its draw and what the posterior says of them;
+    the controller computes them for the first row only. Every decision, over rounds whose rows
+    have different limits and whose outcomes move the posterior (a drafter that turns bad) under
+    costs that stay the same for rounds in a row, equals a controller's that computes everything
+    but the round's draw anew for every row."""
     import random
 
     # a second position costs 0.7 of a step more: one draft alone does not pay, longer rounds
@@ -290,7 +325,10 @@ def test_what_the_rows_of_a_round_share_is_computed_once_and_changes_no_decision
 
     shared, fresh = (started(alpha0=7, beta0=3, seed=3) for _ in range(2))
     computed = []
-    fresh._once = lambda key, anchor, compute: computed.append(key) or compute()
+    keep = fresh._once
+    fresh._once = lambda key, anchor, compute: computed.append(key) or (
+        keep(key, anchor, compute) if key == ("draw",) else compute()
+    )
     measured(shared, 4)
     measured(fresh, 4)
     decisions = play(shared)
