@@ -252,15 +252,10 @@ class ThompsonController:
             self._round.theta, self._round.cells = self._once(
                 ("draw",), batch, lambda: (self.posterior.sample(self.rng), {})
             )
-        times = self._round.times
+        times, theta = self._round.times, self._round.theta
         if times is not None:
-            theta = self._round.theta
-            rate = (
-                best_rate(theta, times)
-                if batch is None
-                else self._once(("rate",), times, lambda: best_rate(theta, times))
-            )
-            self._round.rate = rate
+            rate = lambda: best_rate(theta, times)  # noqa: E731
+            self._round.rate = rate() if batch is None else self._once(("rate",), times, rate)
 
     def _pays(self) -> bool:
         """Whether drafting pays at the posterior mean: if not, drafting now is a probe."""
