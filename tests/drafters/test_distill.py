@@ -159,14 +159,16 @@ def test_shards_resume_and_refuse_other_settings(model: torch.nn.Module, tmp_pat
     assert [p.name for p in paths] == ["shard-00000.safetensors", "shard-00001.safetensors"]
     assert [s.tokens[: s.prompt_length].tolist() for s in read_shards(paths)] == prompts[:6]
     paths[0].unlink()
-    calls = []
+    calls, prepared = [], []
     original = data_module.capture_batch
     monkeypatch.setattr(data_module, "capture_batch", lambda *a: calls.append(len(a[1])) or original(*a))
+    monkeypatch.setattr(adapter, "prepare", prepared.append)
     more = generate_shards(adapter, prompts, tmp_path, settings, [2], False)
     assert calls == [4, 4, 2] and len(more) == 3  # shard 0 was missing, shard 1 held 2 prompts, not 4
+    assert prepared == [4]  # the batch's products, chosen once, before the first shard to make
     assert [s.tokens[: s.prompt_length].tolist() for s in read_shards(more)] == prompts
     generate_shards(adapter, prompts, tmp_path, settings, [2], False)
-    assert calls == [4, 4, 2]
+    assert calls == [4, 4, 2] and prepared == [4]  # nothing to make: nothing timed
     # another exit layer is added to the shards from their tokens, nothing is generated again
     deeper = CaptureSettings(EXIT + 1, 8, top_k=4, batch_size=4)
     generate_shards(adapter, prompts, tmp_path, deeper, [2], False)
