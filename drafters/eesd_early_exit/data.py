@@ -103,9 +103,9 @@ def generate_shards(
         meta = _shard_metadata(settings, batch, fingerprint)
         path = work_dir / f"shard-{index:05d}.safetensors"
         missing = _missing_layers(path, meta)
-        if not prepared and missing != []:  # the first shard to make: the batch's products
-            adapter.prepare(settings.batch_size)  # (on a 2-core CPU a step of 32 rows of
-            prepared = True  # Qwen2.5-1.5B took 0.91 s with them, 1.24 s with F.linear)
+        if not prepared and missing != []:  # before the first shard to make: the batch's products
+            adapter.prepare(settings.batch_size)
+            prepared = True
         if missing:
             bar.set_description("add layers")
             add_layers(adapter, path, missing)
