@@ -1,9 +1,10 @@
 """Measured costs of draft steps and verification passes, for controllers that weigh time.
 
 Hardware costs outlive a request, so one tracker lives as long as its decoder. Each cost is an
-exponential moving average per k (proposals) or per m = k + 1 (verification); what was never
-measured is interpolated by a least-squares line over what was. A cost unmeasured for ``STALE``
-rounds (plain steps while drafting pays) is replaced by its next measurement, not averaged.
+exponential moving average per k (proposals) or per m = k + 1 (verification); what was never measured is
+interpolated by a least-squares line over what was. A measurement replaces a cost unmeasured for
+``STALE`` rounds (plain steps while drafting pays), or a higher one: other work slows passes, never
+speeds them up, and one slow pass must not price its k out for good.
 """
 
 from __future__ import annotations
@@ -15,10 +16,8 @@ STALE = 32
 
 def _line(points: list[tuple[int, float]]) -> tuple[float, float] | None:
     """(intercept, slope) of the least-squares line; a flat line through one point."""
-    if not points:
-        return None
-    if len(points) == 1:
-        return points[0][1], 0.0
+    if len(points) <= 1:
+        return (points[0][1], 0.0) if points else None
     n = len(points)
     mx = sum(x for x, _ in points) / n
     my = sum(y for _, y in points) / n
@@ -55,7 +54,8 @@ class CostTracker:
 
     def _smooth(self, old: float | None, new: float, what: tuple[str, int]) -> float:
         last, self._measured[what] = self._measured.get(what, -STALE), self.rounds
-        return new if old is None or self.rounds - last >= STALE else old + self.smoothing * (new - old)
+        fresh = old is None or new < old or self.rounds - last >= STALE
+        return new if fresh else old + self.smoothing * (new - old)
 
     def snapshot(self) -> Costs:
         """The current :class:`Costs`, rebuilt only after new observations."""

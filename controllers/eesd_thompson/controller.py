@@ -99,6 +99,7 @@ class ThompsonController:
         self._round = _Round()
         self._lockstep = _Lockstep()
         self._since_plain: dict[int, int] = {}  # rounds since a plain one, by batch size
+        self._since_verified = 0  # rounds since one verified a draft (``refresh`` of kept drafts)
         self._shared: dict[tuple[Any, ...], tuple[object, Any]] = {}  # see _once
         self._gates: dict[int, BatchGate] = {}  # by batch size, for static batches (``gate``)
         self._static = False  # this generation is one batch call
@@ -184,10 +185,15 @@ class ThompsonController:
         engine can take it back): yes while the tokens it may add are worth the verification it
         adds (its draft step is spent). The draft's chance is its confidence bucket's posterior
         mean, not a draw: a withdrawn draft after accepted ones is judged for free, so there is
-        nothing to explore here."""
+        nothing to explore here. After ``refresh`` rounds without a verified draft one is kept
+        whatever it may add, so that the costs that keep weighs, which only rounds with verified
+        drafts measure, cannot rest on a slow first measurement for good."""
         self._round = self._rounds.setdefault(step.row, self._round)
         times = self._round.times
         if not self.withdraws or times is None or step.costs.peek is None:
+            return True
+        every = self.options.refresh
+        if every is not None and self._since_verified >= every:
             return True
         extra = max(times[step.index] - times[step.index - 1] - step.costs.peek, 0.0)
         price = self._round.rate * self._lockstep.weight(step.index - 1)
@@ -201,6 +207,7 @@ class ThompsonController:
             (self._gates.get(size) or self._gates.setdefault(size, BatchGate())).observe(outcome)
         self._kinds.setdefault(outcome.costs.batch_size, set()).add(outcome.drafted)
         k, n, withdrawn = outcome.drafted, outcome.accepted, outcome.withdrawn
+        self._since_verified = 0 if k else self._since_verified + 1
         if k == 0 and withdrawn is None:
             return
         late = None if withdrawn is None else self._signal(withdrawn)

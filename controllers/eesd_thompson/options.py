@@ -63,7 +63,9 @@ class ThompsonOptions(PluginOptions):
     - ``refresh``: with the cost rule, after this many rounds without a plain one at a batch
       size, a round is plain, so that the cost of plain decoding, which drafting is weighed
       against, is measured again (the engine's costs replace a figure that old rather than
-      average it); ``None``: never.
+      average it). Likewise, after this many rounds without a verified draft while drafts are
+      taken back (``withdraw``), the next draft looked at is kept, so that the costs of verifying
+      drafts, which decide what is taken back, are measured again. ``None``: never.
     - ``gate``: with the cost rule, in a batch call (a static batch: the call returns when its
       last row is done), measure per batch size how fast the row with fewest tokens advances in
       rounds with drafts and in plain ones, and keep rounds plain while drafting advances it

@@ -281,18 +281,20 @@ def test_a_refreshing_round_is_plain_for_every_row_of_a_batch():
     assert all(all(k >= 1 for k in ks) for i, ks in enumerate(rounds) if i != 4)
 
 
-def test_the_cost_tracker_replaces_a_stale_figure_and_smooths_a_fresh_one():
+def test_the_cost_tracker_smooths_a_slower_measurement_and_takes_a_faster_or_stale_one():
     from eesd_core.costs import STALE, CostTracker
 
     tracker = CostTracker(4)
-    tracker.observe(0, 0.1, 1.0)  # a cold first plain step
-    tracker.observe(0, 0.1, 0.5)  # smoothed: 1.0 + 0.2 * (0.5 - 1.0)
-    assert tracker.verify[1] == pytest.approx(0.9)
+    tracker.observe(0, 0.1, 0.5)
+    tracker.observe(0, 0.1, 1.0)  # a slow pass, smoothed: 0.5 + 0.2 * (1.0 - 0.5)
+    assert tracker.verify[1] == pytest.approx(0.6)
+    tracker.observe(0, 0.1, 0.55)  # faster than the figure: it replaces it
+    assert tracker.verify[1] == pytest.approx(0.55)
     for _ in range(STALE):
         tracker.observe(1, 0.2, 0.6)
-    tracker.observe(0, 0.1, 0.5)  # plain again after STALE rounds: the old figure is dropped
-    assert tracker.verify[1] == pytest.approx(0.5)
-    assert tracker.snapshot().plain_step == pytest.approx(0.6)
+    tracker.observe(0, 0.1, 0.9)  # plain again after STALE rounds: the old figure is dropped
+    assert tracker.verify[1] == pytest.approx(0.9)
+    assert tracker.snapshot().plain_step == pytest.approx(1.0)
 
 
 def test_what_the_rows_of_a_round_share_is_computed_once_and_changes_no_decision():

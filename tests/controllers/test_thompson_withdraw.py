@@ -246,3 +246,54 @@ def test_each_row_of_a_batch_judges_its_withdrawn_draft_exactly(temperature):
         judged += 1
     assert judged >= 4 and {o.row for o in ctrl.updates if o.withdrawn is not None} == {0, 1}
     assert all(step.token is None and step.prob is None for step in ctrl.asked)
+
+
+def simulate_drafts(ctrl, tracker, rounds):
+    """Rounds of at most one draft, each confident (top-1 0.95) and right, timed as ``COSTS``
+    says, through a real cost tracker: the indexes of the rounds that drafted, and of those that
+    kept their draft."""
+    drafted, kept = [], []
+    for i in range(rounds):
+        costs = tracker.snapshot()
+        if not ctrl.should_continue(DraftStep(0, 1, costs)):
+            tracker.observe(0, 0.02, 0.08)
+            ctrl.update(outcome(0, 0, (), (), (), 0.02, 0.08, costs))
+            continue
+        drafted.append(i)
+        if ctrl.keep(DraftStep(1, 1, costs, None, None, 0.95, 0.05)):
+            kept.append(i)
+            tracker.observe(1, 0.05, 0.11)
+            ctrl.update(outcome(1, 1, (0.95,), (0.95,), (0.05,), 0.05, 0.11, costs))
+        else:
+            tracker.observe(0, 0.03, 0.08, withdrawn=True)  # the base and the peek
+            look = Withdrawn(0.95, 0.05, acceptance=1.0)
+            ctrl.update(RoundOutcome(0, 0, 0, (1,), 0.03, 0.08, costs=costs, withdrawn=look))
+    return drafted, kept
+
+
+@pytest.mark.parametrize("refresh", [8, None])
+def test_a_slow_first_measurement_of_a_verified_draft_is_measured_again(refresh):
+    """Confident drafts, always right, repay their verification (0.03 s for a token that saves a
+    0.1 s step); but a first round with one draft that happened to run slowly (0.3 s of
+    verification) says keeping one costs 0.2 s more than a plain step. Rounds turn plain, and the
+    drafts that posterior draws still make are taken back, which never measures that cost again.
+    After ``refresh`` rounds without a verified draft, the next draft is kept anyway: its faster
+    measurement replaces the slow figure, and drafts are kept from then on. Without it the slow
+    figure stands for good."""
+    tracker = CostTracker(1)
+    tracker.observe(1, 0.05, 0.30)  # the slow first round of one draft
+    tracker.observe(0, 0.02, 0.08)
+    ctrl = ThompsonController(ThompsonOptions(refresh=refresh))
+    ctrl.start(Request(4, 64, 1, SamplingParams(), tracker.snapshot(), withdraws=True))
+    ctrl.kinds_seen.update({0, 1})
+    teach(ctrl, 40, confident_share=1.0)  # the buckets know that confident drafts are right
+    drafted, kept = simulate_drafts(ctrl, tracker, 120)
+    assert drafted
+    if refresh is None:
+        assert kept == []
+        assert tracker.verify[2] == pytest.approx(0.30)
+    else:
+        assert kept[0] == next(i for i in drafted if i >= refresh)
+        assert tracker.verify[2] == pytest.approx(0.11)
+        assert [i for i in drafted if i >= kept[0]] == kept  # nothing taken back any more
+        assert len(kept) >= 0.85 * (120 - kept[0])  # plain only to measure plain steps (refresh)
