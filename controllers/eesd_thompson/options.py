@@ -64,7 +64,7 @@ class ThompsonOptions(PluginOptions):
       size, a round is plain, so that the cost of plain decoding, which drafting is weighed
       against, is measured again (the engine's costs replace a figure that old rather than
       average it). Likewise, after this many rounds without a verified draft while drafts are
-      taken back (``withdraw``), the next draft looked at is kept, so that the costs of verifying
+      taken back (``withdraw``), the next draft made is kept, so that the costs of verifying
       drafts, which decide what is taken back, are measured again. ``None``: never.
     - ``gate``: with the cost rule, in a batch call (a static batch: the call returns when its
       last row is done), measure per batch size how fast the row with fewest tokens advances in
