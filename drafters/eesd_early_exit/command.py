@@ -18,6 +18,13 @@ def add_distill_command(subparsers: Any) -> None:
     parser.add_argument("--work-dir", default=None, help="data and checkpoints (default: OUT.work)")
     parser.add_argument("--prompts", type=int, default=320, help="number of training prompts")
     parser.add_argument("--prompt-file", default=None, help="JSON list of training prompts")
+    parser.add_argument(
+        "--first-prompt",
+        type=int,
+        default=0,
+        help="skip the prompts before this index: train on --prompts prompts from here (new data "
+        "for a head continued with --init-head)",
+    )
     parser.add_argument("--heldout-file", default=None, help="JSON list of held-out prompts")
     parser.add_argument(
         "--heldout", type=int, default=40, help="held-out prompts for the teacher-forced eval"
@@ -63,6 +70,13 @@ def add_distill_command(subparsers: Any) -> None:
     for name, value in asdict(defaults).items():
         parser.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
     parser.add_argument("--resume", action="store_true", help="continue from the work dir's checkpoint")
+    parser.add_argument(
+        "--init-head",
+        default=None,
+        metavar="HEAD",
+        help="continue training this head file on this run's data; it sets the exit layer, head shape "
+        "and vocabulary subset",
+    )
     parser.add_argument("--eval-only", default=None, metavar="HEAD", help="only evaluate this head file")
     parser.add_argument("--eval-prompts", type=int, default=16, help="held-out prompts decoded for the eval")
     parser.add_argument("--eval-max-new-tokens", type=int, default=128)

@@ -53,6 +53,8 @@ class DistillConfig:
     eval_max_new_tokens: int = 128
     eval_k: int = 8
     resume: bool = False
+    init_head: str | Path | None = None  # continue training this head file (it sets the head's shape)
+    first_prompt: int = 0  # prompts before this index are skipped (e.g. those init_head learnt from)
 
     @property
     def work(self) -> Path:
@@ -97,8 +99,11 @@ def distill(
     by default the shipped train and held-out sets. Returns the report also stored in the head.
     """
     adapter = find_adapter(model)
+    if config.init_head is not None:
+        _adopt_head(adapter, config)
     _check(adapter, config)
     train_ids, held_ids = _prompt_ids(prompts, heldout, tokenizer)
+    train_ids = train_ids[config.first_prompt :]
     if not train_ids:
         raise ConfigError("No training prompts: give at least one (--prompts N with N >= 1).")
     eos = _eos_ids(model)
@@ -112,16 +117,21 @@ def distill(
     held_shards = generate_shards(adapter, held_ids, config.work / "heldout", capture, eos, progress, target)
     generate_seconds = time.perf_counter() - started
     samples = read_shards(shards, config.exit_layer, top)
-    vocab_ids = None
-    if config.vocab_size_subset and config.vocab_size_subset < adapter.vocab_size:
-        vocab_ids = rank_vocab(samples, adapter.vocab_size, config.vocab_size_subset, eos)
-    head = new_head(adapter, config, vocab_ids)
+    if config.init_head is not None:
+        head = load_head(config.init_head, adapter).float()
+        head.init_layer = adapter.num_layers - 1 if config.init_layer is None else config.init_layer
+    else:
+        vocab_ids = None
+        if config.vocab_size_subset and config.vocab_size_subset < adapter.vocab_size:
+            vocab_ids = rank_vocab(samples, adapter.vocab_size, config.vocab_size_subset, eos)
+        head = new_head(adapter, config, vocab_ids)
     trained = train_head(
         head, samples, config.train, config.work / "checkpoint.pt", config.resume, progress, max_steps
     )
     report = {
         "settings": _settings(config),
         "data": {
+            "first_prompt": config.first_prompt,
             "train_prompts": len(train_ids),
             "responses_per_prompt": len(config.temperatures),
             "train_positions": sum(len(s.response) for s in samples),
@@ -204,8 +214,32 @@ def new_head(adapter: Any, config: DistillConfig, vocab_ids: torch.Tensor | None
     return head.float()
 
 
+def _adopt_head(adapter: Any, config: DistillConfig) -> None:
+    """Take the shape of the head to continue (``init_head``) into ``config``: its exit layer and
+    input decide the data, its layers, MLP width and vocabulary subset what trains. A head made for
+    another model, or at another exit layer than ``config`` names, is refused before any work."""
+    from eesd_early_exit.headfile import check_target
+
+    metadata = read_metadata(config.init_head)
+    check_target(metadata, adapter, config.init_head)
+    layer = int(metadata["exit_layer"])
+    if config.exit_layer != layer:
+        raise ConfigError(
+            f"exit layer {config.exit_layer} but the head to continue ({config.init_head}) drafts from "
+            f"layer {layer}: drop --exit-layer or give a head distilled at layer {config.exit_layer}."
+        )
+    source = int(metadata.get("init_layer", "-1"))
+    config.exit_layer, config.head_layers = layer, int(metadata["num_exit_layers"])
+    config.top_input = metadata.get("exit_input", "hidden") == "hidden+top"
+    config.mlp_width = int(metadata.get("mlp_width", "0"))
+    config.vocab_size_subset = int(metadata.get("vocab_subset", "0"))
+    config.init_layer = source if 0 <= source < adapter.num_layers else None
+
+
 def _check(adapter: Any, config: DistillConfig) -> None:
     """Refuse settings that cannot work before any time is spent generating."""
+    if config.first_prompt < 0:
+        raise ConfigError(f"--first-prompt must be >= 0, got {config.first_prompt}.")
     if not 1 <= config.exit_layer < adapter.num_layers:
         raise ConfigError(
             f"--exit-layer {config.exit_layer} is out of range for a model of {adapter.num_layers} layers: "
@@ -278,6 +312,7 @@ def _eos_ids(model: Any) -> list[int]:
 def _settings(config: DistillConfig) -> dict[str, Any]:
     settings = asdict(config)
     settings["out"], settings["work_dir"] = str(config.out), str(config.work)
+    settings["init_head"] = None if config.init_head is None else str(config.init_head)
     return settings
 
 
@@ -290,8 +325,10 @@ def run_distill(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.eval_only is None and (args.exit_layer is None or args.out is None):
-        raise ConfigError("eesd distill needs --exit-layer and --out (or --eval-only HEAD).")
+    if args.eval_only is None and (args.out is None or args.exit_layer is None and args.init_head is None):
+        raise ConfigError(
+            "eesd distill needs --exit-layer (or --init-head HEAD) and --out, or --eval-only HEAD."
+        )
     path = resolve_model(args.model, cache_dir=args.cache_dir)
     dec = SpeculativeDecoder.from_pretrained(str(path), drafter=None, device=args.device)
     config = _config_from(args)
@@ -303,9 +340,12 @@ def run_distill(args: argparse.Namespace) -> int:
         )
     else:
         prompts = load_prompts(path=args.prompt_file) if args.prompt_file else load_prompts("train")
-        report = distill(
-            dec.model, config, prompts[: args.prompts], heldout, dec.tokenizer, not args.no_progress
-        )
+        chosen = prompts[: config.first_prompt + args.prompts]
+        if len(chosen) <= config.first_prompt:
+            raise ConfigError(
+                f"--first-prompt {config.first_prompt} leaves none of the {len(prompts)} prompts to train on."
+            )
+        report = distill(dec.model, config, chosen, heldout, dec.tokenizer, not args.no_progress)
         result = report["eval"]
         print(
             f"wrote {config.out}: {report['steps']} steps, loss {report['final_loss']:.4f}, "
@@ -319,8 +359,9 @@ def run_distill(args: argparse.Namespace) -> int:
 def _config_from(args: argparse.Namespace) -> DistillConfig:
     train = TrainSettings(**{name: getattr(args, name) for name in asdict(TrainSettings())})
     out = args.out or args.eval_only
+    layer = args.exit_layer or (int(read_metadata(args.init_head)["exit_layer"]) if args.init_head else 1)
     return DistillConfig(
-        exit_layer=args.exit_layer or 1,
+        exit_layer=layer,
         out=out,
         work_dir=args.work_dir,
         max_new_tokens=args.max_new_tokens,
@@ -339,6 +380,8 @@ def _config_from(args: argparse.Namespace) -> DistillConfig:
         eval_max_new_tokens=args.eval_max_new_tokens,
         eval_k=args.eval_k,
         resume=args.resume,
+        init_head=args.init_head,
+        first_prompt=args.first_prompt,
     )
 
 

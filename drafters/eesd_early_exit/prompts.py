@@ -7,7 +7,7 @@ The held-out set takes 28 prompts from 8 topics that never occur in the training
 code and arithmetic prompts; the two sets share no prompt. Keeping Spec-Bench out of training keeps
 the benchmark an honest measure of the head.
 
-``prompts/code-train.json`` (640 prompts) and ``prompts/code-heldout.json`` (48) are a code-heavy set
+``prompts/code-train.json`` (896 prompts) and ``prompts/code-heldout.json`` (48) are a code-heavy set
 for distilling the exit heads of coder models such as Qwen2.5-Coder-1.5B-Instruct. They fill templates
 of our own: 87 functions to write (strings, collections, parsing, recursion, generators, files,
 regular expressions, dates, sorting, searching, graphs, dynamic programming), classes, dataclasses,
@@ -16,7 +16,9 @@ explain, refactor, annotate, test or convert to another language, which makes th
 About half are in Python, the rest in JavaScript, TypeScript, Go, Rust, C, Java, SQL and Bash. The
 held-out set draws on tasks and 7 snippets that never occur in the training set; the two share no
 prompt. The generator is deterministic: regenerate both files with
-``python drafters/eesd_early_exit/prompts/make_code_prompts.py``.
+``python drafters/eesd_early_exit/prompts/make_code_prompts.py``. A larger training split keeps
+the smaller one as its first prompts (the first 640 are the set before it grew), so a head that
+learnt from those continues on the rest (``eesd distill --init-head HEAD --first-prompt 640``).
 """
 
 from __future__ import annotations

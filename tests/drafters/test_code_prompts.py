@@ -24,7 +24,7 @@ def generator() -> ModuleType:
 def test_the_code_splits_load_with_their_sizes_and_no_duplicates() -> None:
     assert {"code-train", "code-heldout"} <= set(SPLITS)
     train, heldout = load_prompts("code-train"), load_prompts("code-heldout")
-    assert (len(train), len(heldout)) == (640, 48)
+    assert (len(train), len(heldout)) == (896, 48)
     assert len(set(train)) == len(train) and len(set(heldout)) == len(heldout)
     assert not set(train) & set(heldout)
     assert all(isinstance(p, str) and len(p.split()) <= 120 for p in train + heldout)

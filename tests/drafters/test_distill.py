@@ -20,11 +20,12 @@ from eesd_early_exit.distill import DistillConfig, distill, new_head
 from eesd_early_exit.headfile import read_metadata
 from eesd_early_exit.prompts import encode_prompts, load_prompts
 from eesd_early_exit.train import TrainSettings, train_head
+from safetensors import safe_open
 from tinymodels import make_tiny
 
 from eesd_core import SpeculativeDecoder
 from eesd_core.cache import KVCache
-from eesd_core.errors import ConfigError
+from eesd_core.errors import ConfigError, HeadError
 from eesd_core.models import find_adapter
 
 EXIT = 2
@@ -390,6 +391,43 @@ def test_cli_distils_and_evaluates_a_checkpoint_directory(
         "seconds": result["decoding"]["seconds"]
     }
 
+    # continued on prompts it has not seen: the exit layer, subset and storage come from the file
+    later, more = tmp_path / "later.safetensors", tmp_path / "more.json"
+    more.write_text(json.dumps(_prompts(6) + _prompts(3, seed=11)))
+    rest = [
+        "--prompt-file",
+        str(more),
+        "--first-prompt",
+        "6",
+        "--head-storage",
+        "int8",
+        "--eval-prompts",
+        "0",
+    ]
+    assert main(["distill", *common, "--init-head", str(head), "--out", str(later), *rest]) == 0
+    meta = read_metadata(later)
+    data = json.loads(meta["training"])["data"]
+    assert (meta["exit_layer"], meta["vocab_subset"]) == ("2", "50") and data["train_prompts"] == 3
+    assert json.loads(meta["training"])["settings"]["init_head"] == str(head)
+    capsys.readouterr()
+    assert (
+        main(
+            [
+                "distill",
+                *common,
+                "--init-head",
+                str(head),
+                "--out",
+                str(later),
+                *rest[:2],
+                "--first-prompt",
+                "9",
+            ]
+        )
+        == 1
+    )
+    assert "leaves none of the 9 prompts" in capsys.readouterr().err
+
 
 def test_cli_command_is_registered(tmp_path: Path) -> None:
     from eesd_core.cli import build_parser, main
@@ -413,3 +451,50 @@ def test_training_forward_equals_the_decoding_path(model: torch.nn.Module, sampl
             out = head.hidden(s.hidden[position].float().view(1, 1, -1), position, cache, None)
             rows.append(head.logits(out))
     torch.testing.assert_close(trained, torch.cat(rows)[s.prompt_length - 1 :], atol=1e-4, rtol=1e-4)
+
+
+def test_a_head_continues_training_on_later_prompts(model: torch.nn.Module, tmp_path: Path) -> None:
+    """``init_head``: the head file sets the shape (subset, MLP width, top input) and the starting
+    weights; ``first_prompt`` leaves out the prompts it learnt from."""
+    prompts = _prompts(12)
+    first = _config(tmp_path / "a", epochs=1)
+    first.vocab_size_subset, first.mlp_width, first.top_input, first.eval_prompts = 30, 8, True, 0
+    distill(model, first, prompts[:6], [], progress=False)
+
+    later = _config(tmp_path / "b", epochs=1, lr=1e-12)  # too small a step to move a bfloat16 weight
+    later.init_head, later.first_prompt, later.eval_prompts = first.out, 6, 0
+    report = distill(model, later, prompts, [], progress=False)
+    meta = read_metadata(later.out)
+    assert (meta["vocab_subset"], meta["mlp_width"], meta["exit_input"]) == ("30", "8", "hidden+top")
+    assert report["data"]["first_prompt"] == 6 and report["data"]["train_prompts"] == 6
+    shards = read_shards(sorted((later.work / "train").glob("shard-*")), EXIT)
+    assert [s.tokens[: s.prompt_length].tolist() for s in shards] == prompts[6:]
+    with safe_open(str(first.out), "pt") as a, safe_open(str(later.out), "pt") as b:
+        assert sorted(a.keys()) == sorted(b.keys())
+        assert all(torch.equal(a.get_tensor(name), b.get_tensor(name)) for name in a.keys())  # noqa: SIM118
+
+    fresh = _config(tmp_path / "c", epochs=1, lr=1e-12)
+    fresh.vocab_size_subset, fresh.mlp_width, fresh.top_input, fresh.eval_prompts = 30, 8, True, 0
+    distill(model, fresh, prompts[6:], [], progress=False)
+    with safe_open(str(first.out), "pt") as a, safe_open(str(fresh.out), "pt") as c:
+        assert not torch.equal(a.get_tensor("fuse.weight"), c.get_tensor("fuse.weight"))
+
+
+def test_a_head_to_continue_must_fit_before_any_work(model: torch.nn.Module, tmp_path: Path) -> None:
+    first = _config(tmp_path / "a", epochs=1)
+    first.eval_prompts = 0
+    distill(model, first, _prompts(4), [], progress=False)
+    elsewhere = _config(tmp_path / "b")
+    elsewhere.init_head, elsewhere.exit_layer = first.out, EXIT + 1
+    with pytest.raises(ConfigError, match="drafts from layer 2"):
+        distill(model, elsewhere, _prompts(4), [], progress=False)
+    other = make_tiny(dtype=torch.float32, seed=4)
+    foreign = _config(tmp_path / "c")
+    foreign.init_head = first.out
+    with pytest.raises(HeadError, match="another model"):
+        distill(other, foreign, _prompts(4), [], progress=False)
+    negative = _config(tmp_path / "d")
+    negative.first_prompt = -1
+    with pytest.raises(ConfigError, match="first-prompt"):
+        distill(model, negative, _prompts(4), [], progress=False)
+    assert not any(config.work.exists() for config in (elsewhere, foreign, negative))

@@ -1,4 +1,4 @@
-"""Writes ``code-train.json`` (640 prompts) and ``code-heldout.json`` (48): code-heavy prompts of our own.
+"""Writes ``code-train.json`` (896 prompts) and ``code-heldout.json`` (48): code-heavy prompts of our own.
 
 An exit head for a coder model learns best from what such a model writes most: code, much of it
 repeated from the prompt. So besides requests to write functions, classes, scripts, SQL queries and
@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 SEED = 20241
-TRAIN_SIZE = 640
+TRAIN_SIZE = 896
 HELDOUT_SIZE = 48
 MAX_WORDS = 120
 HERE = Path(__file__).resolve().parent
