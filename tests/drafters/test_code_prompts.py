@@ -65,3 +65,11 @@ def test_no_prompt_occurs_in_spec_bench() -> None:
         if any(p in t for t in turns)
     ]
     assert not found, f"prompts taken from Spec-Bench: {found}"
+
+
+def test_a_larger_training_split_keeps_the_smaller_one_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A head distilled on the first N prompts continues on the rest (``--first-prompt N``)."""
+    make = generator()
+    train, heldout = load_prompts("code-train"), load_prompts("code-heldout")
+    monkeypatch.setattr(make, "TRAIN_SIZE", 640)
+    assert make.build() == (train[:640], heldout)
