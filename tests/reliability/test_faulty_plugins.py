@@ -134,8 +134,9 @@ def test_faulty_drafter_is_named(model, mode: str, message: str, monkeypatch: py
     monkeypatch.setattr(_BadDrafter, "mode", mode)
     dec = SpeculativeDecoder(model, drafter="bad_drafter", controller="fixed", controller_options={"k": 3},
                              max_draft_tokens=5)
+    # No end-of-sequence token: a sampled EOS from the prefill would end the run before any draft.
     with pytest.raises(PluginFault, match=message):
-        dec.generate([4, 5, 6], max_new_tokens=10, temperature=1.0)
+        dec.generate([4, 5, 6], max_new_tokens=10, temperature=1.0, seed=0, eos_token_id=[])
     _still_usable(dec, model)
 
 
