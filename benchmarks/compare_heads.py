@@ -20,7 +20,6 @@ Exit status 1 if an output differs.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -35,6 +34,7 @@ CODE = ("coding", "own_code")
 
 
 def main(argv: list[str] | None = None) -> int:
+    from eesd_bench.prompts import load_questions
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from eesd_core import SpeculativeDecoder
@@ -55,8 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     path = resolve_model(args.model)
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    questions = [json.loads(line) for line in Path(args.questions).read_text().splitlines() if line.strip()]
-    inputs = [encode(tokenizer, q["turns"][0]) for q in questions]
+    questions = load_questions(args.questions)
+    inputs = [encode(tokenizer, q.text) for q in questions]
     decoders = {"plain": SpeculativeDecoder(model, drafter=None)}
     for i, head in enumerate(args.heads):
         decoders[f"head{i}"] = SpeculativeDecoder(model, drafter_options={"head": head})
@@ -92,9 +92,9 @@ def main(argv: list[str] | None = None) -> int:
                 total["accepted"][j] += a
         equal = all(outputs[m] == outputs["plain"] for m in methods)
         ratios = {m: speed[m] / speed["plain"] for m in methods[1:]}
-        rows.append((questions[i]["category"], ratios, equal))
+        rows.append((questions[i].category, ratios, equal))
         shown = " ".join(f"{m} {r:.3f} ({tokens_per_round[m]:.2f} t/r)" for m, r in ratios.items())
-        print(f"{i:2d} {questions[i]['category']:8s} {shown} equal {equal}", flush=True)
+        print(f"{i:2d} {questions[i].category:8s} {shown} equal {equal}", flush=True)
 
     plain = totals["plain"]["tokens"] / totals["plain"]["seconds"]
     for m in methods[1:]:
