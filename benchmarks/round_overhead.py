@@ -37,6 +37,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from eesd_core import SpeculativeDecoder
+from eesd_core.cli import add_device_arguments
+from eesd_core.devices import resolve_device, resolve_dtype
 
 SHAPES = {
     "tiny": dict(
@@ -60,17 +62,10 @@ SHAPES = {
 EXIT_LAYER = {"tiny": 2, "smollm2": 6}
 
 
-def random_llama(
-    shape: str = "tiny", device: str = "cpu", dtype: torch.dtype = torch.float32
-) -> LlamaForCausalLM:
+def random_llama(shape: str, device: torch.device, dtype: torch.dtype) -> LlamaForCausalLM:
     torch.manual_seed(3)
     config = LlamaConfig(max_position_embeddings=2048, **SHAPES[shape])
     return LlamaForCausalLM(config).to(device=device, dtype=dtype).eval()
-
-
-def tiny_llama() -> LlamaForCausalLM:
-    """The default shape on the CPU in float32 (other scripts time against it)."""
-    return random_llama()
 
 
 def ragged_prompts(rows: int, vocab: int) -> list[list[int]]:
@@ -99,13 +94,13 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=200)
     parser.add_argument("--batch-size", type=int, nargs="+", default=[1], help="rows decoded together")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    add_device_arguments(parser)
     parser.add_argument("--threads", type=int, default=1, help="CPU threads (default: 1)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    model = random_llama(args.shape, args.device, getattr(torch, args.dtype))
-    cuda = torch.device(args.device).type == "cuda"
+    device = resolve_device(args.device)
+    model = random_llama(args.shape, device, resolve_dtype(args.dtype))
+    cuda = device.type == "cuda"
     early_exit = {"exit_layer": EXIT_LAYER[args.shape], "head": None}
     decoders = {
         "plain": SpeculativeDecoder(model, drafter=None),
@@ -114,8 +109,7 @@ def main() -> None:
         ),
         "thompson": SpeculativeDecoder(model, drafter_options=early_exit),
     }
-    print(f"{args.shape} shape, {args.device} {args.dtype}, {args.max_new_tokens} tokens, ", end="")
-    print(f"{args.repeats} repeats")
+    print(f"{args.shape} shape, {device} {args.dtype}, {args.max_new_tokens} tokens, {args.repeats} repeats")
     for rows in args.batch_size:
         prompts = ragged_prompts(rows, model.config.vocab_size)
         prompt: Any = prompts[0] if rows == 1 else prompts
