@@ -176,7 +176,7 @@ class EarlyExitProposer:
         # the previous step's rows (cache, length then) when some request drafted in it
         self._scored: list[tuple[RequestCache, int, int]] | None = None
         self._spent = 0.0
-        self.gate = DraftGate() if self.options.guard else None
+        self.gate = DraftGate(**self.options.guard_options.model_dump()) if self.options.guard else None
         self.repaired = repair_cpu_expand()
         self.stats: dict[str, float] = dict(
             steps=0,

@@ -426,6 +426,24 @@ def test_options_travel_in_the_environment(monkeypatch) -> None:  # noqa: ANN001
         eesd_vllm.speculative_config(4, exit_layr=2)
 
 
+def test_the_gate_takes_its_options_and_refuses_bad_ones(checkpoint) -> None:  # noqa: ANN001
+    import inspect
+
+    from eesd_vllm.gate import DraftGate
+    from eesd_vllm.options import GateOptions
+
+    # the options' defaults are the gate's own
+    defaults = {k: p.default for k, p in inspect.signature(DraftGate).parameters.items()}
+    assert defaults == GateOptions().model_dump()
+    options = ProposerOptions(exit_layer=2, head=None, guard_options={"proof_from": 3, "min_steps": 5})
+    proposer = EarlyExitProposer(vllm_config(checkpoint), options)
+    assert (proposer.gate.proof_from, proposer.gate.min_steps, proposer.gate.z) == (3, 5, 1.0)
+    with pytest.raises(ConfigError, match="proof_form"):
+        read_options({OPTIONS_ENV: '{"guard_options": {"proof_form": 1}}'})
+    with pytest.raises(ConfigError, match="floor"):
+        read_options({OPTIONS_ENV: '{"guard_options": {"floor": 1.5}}'})
+
+
 def test_common_prefix() -> None:
     assert common_prefix(np.array([1, 2, 3]), np.array([1, 2, 4, 5])) == 2
     assert common_prefix(np.array([1, 2]), np.array([1, 2, 3])) == 2
