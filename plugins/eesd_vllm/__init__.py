@@ -27,6 +27,7 @@ import os
 import shlex
 from typing import Any
 
+from eesd_core.errors import ConfigError
 from eesd_core.hookspecs import hookimpl
 from eesd_vllm.options import OPTIONS_ENV, ProposerOptions
 
@@ -61,12 +62,25 @@ def eesd_cli_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     parser.add_argument("--exit-layer", type=int, default=None)
     parser.add_argument("--head", default="auto", help="a head file, 'auto' or 'none' (the untrained exit)")
     parser.add_argument("--controller", default="thompson")
+    parser.add_argument(
+        "--options",
+        default="{}",
+        help="further proposer options as a JSON object, e.g. "
+        '\'{"dtype": "bfloat16", "guard_options": {"proof_from": 2}}\'',
+    )
     parser.set_defaults(func=_print_config)
 
 
 def _print_config(args: argparse.Namespace) -> int:
     head = None if args.head == "none" else args.head
-    spec = speculative_config(args.k, exit_layer=args.exit_layer, head=head, controller=args.controller)
+    try:
+        extra = json.loads(args.options)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--options must be a JSON object of proposer options: {exc}.") from None
+    if not isinstance(extra, dict):
+        raise ConfigError(f"--options must be a JSON object, got {type(extra).__name__}.")
+    options = {"exit_layer": args.exit_layer, "head": head, "controller": args.controller, **extra}
+    spec = speculative_config(args.k, **options)
     lines = [
         f"export {OPTIONS_ENV}={shlex.quote(os.environ[OPTIONS_ENV])}",
         f"export EESD_VLLM_SPEC={shlex.quote(json.dumps(spec))}",

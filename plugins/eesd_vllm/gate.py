@@ -37,7 +37,7 @@ and in a wave the last ones run alone at nearly the cost of all. At one request 
 vLLM's CPU build, drafting steps broke even (41.2 ms a token against plain vLLM's 40 to 47) and a
 gate asking only for no loss let them run for 261 steps; asking for a gain, it closes after
 twelve. A head that pays is not held back: on Qwen2.5-Coder-1.5B's code prompts the gain at one
-request is about 1.4, several standard errors above 1. ``proof_from`` above 1 keeps the gentler
+request was 1.4 to 1.6, several standard errors above 1. ``proof_from`` above 1 keeps the gentler
 rule for fewer requests, where a step's pass is bound by reading the weights and drafting is
 cheapest.
 """

@@ -444,6 +444,29 @@ def test_the_gate_takes_its_options_and_refuses_bad_ones(checkpoint) -> None:  #
         read_options({OPTIONS_ENV: '{"guard_options": {"floor": 1.5}}'})
 
 
+def test_vllm_config_prints_the_settings_with_further_options(monkeypatch, capsys) -> None:  # noqa: ANN001
+    import shlex
+
+    from eesd_core.cli import main
+
+    monkeypatch.delenv(OPTIONS_ENV, raising=False)
+    extra = '{"dtype": "bfloat16", "guard_options": {"proof_from": 2}}'
+    assert main(["vllm-config", "--k", "5", "--head", "none", "--exit-layer", "3", "--options", extra]) == 0
+    lines = dict(line.removeprefix("export ").split("=", 1) for line in capsys.readouterr().out.splitlines())
+    options = read_options({OPTIONS_ENV: shlex.split(lines[OPTIONS_ENV])[0]})
+    assert options == ProposerOptions(
+        exit_layer=3, head=None, dtype="bfloat16", guard_options={"proof_from": 2}
+    )
+    assert json.loads(shlex.split(lines["EESD_VLLM_SPEC"])[0])["num_speculative_tokens"] == 5
+    for bad, said in (
+        ("{exit", "JSON object"),
+        ("[1]", "JSON object"),
+        ('{"guard_options": {"z": -1}}', "z"),
+    ):
+        assert main(["vllm-config", "--head", "none", "--options", bad]) == 1
+        assert said in capsys.readouterr().err
+
+
 def test_common_prefix() -> None:
     assert common_prefix(np.array([1, 2, 3]), np.array([1, 2, 4, 5])) == 2
     assert common_prefix(np.array([1, 2]), np.array([1, 2, 3])) == 2
