@@ -132,9 +132,12 @@ WARMUP = 3
 VERIFY_LIMIT, OVERHEAD_LIMIT = 1.2, 0.10
 
 
-def build_model(shape: str, layers: int, device: torch.device, dtype: torch.dtype) -> Any:
-    """A model of ``shape`` with ``layers`` decoder layers and random weights, made on ``device``."""
-    class_name, kwargs = SHAPES[shape]
+def build_model(
+    shape: str | tuple[str, dict[str, Any]], layers: int, device: torch.device, dtype: torch.dtype
+) -> Any:
+    """A model of ``shape`` (a name in :data:`SHAPES`, or a class name and its configuration) with
+    ``layers`` decoder layers and random weights, made on ``device``."""
+    class_name, kwargs = SHAPES[shape] if isinstance(shape, str) else shape
     config = getattr(transformers, class_name).config_class(**{**kwargs, "num_hidden_layers": layers})
     torch.manual_seed(0)
     with torch.device(device):  # made in place: an 8B model is never held on the host

@@ -29,43 +29,38 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 import warnings
+from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from eesd_core import SpeculativeDecoder
 from eesd_core.cli import add_device_arguments
 from eesd_core.devices import resolve_device, resolve_dtype
 
-SHAPES = {
-    "tiny": dict(
-        vocab_size=2000,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=8,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cost_curves import SHAPES as MODEL_SHAPES  # noqa: E402
+from cost_curves import build_model  # noqa: E402
+
+SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
+    "tiny": (
+        "LlamaForCausalLM",
+        dict(
+            vocab_size=2000,
+            hidden_size=128,
+            intermediate_size=256,
+            num_hidden_layers=8,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=2048,
+        ),
     ),
-    "smollm2": dict(  # SmolLM2-135M's shape, random weights
-        vocab_size=49152,
-        hidden_size=576,
-        intermediate_size=1536,
-        num_hidden_layers=30,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        tie_word_embeddings=True,
-    ),
+    "smollm2": MODEL_SHAPES["smollm2-135m"],  # SmolLM2-135M's shape, random weights
 }
 EXIT_LAYER = {"tiny": 2, "smollm2": 6}
-
-
-def random_llama(shape: str, device: torch.device, dtype: torch.dtype) -> LlamaForCausalLM:
-    torch.manual_seed(3)
-    config = LlamaConfig(max_position_embeddings=2048, **SHAPES[shape])
-    return LlamaForCausalLM(config).to(device=device, dtype=dtype).eval()
 
 
 def ragged_prompts(rows: int, vocab: int) -> list[list[int]]:
@@ -99,7 +94,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
-    model = random_llama(args.shape, device, resolve_dtype(args.dtype))
+    shape = SHAPES[args.shape]
+    model = build_model(shape, shape[1]["num_hidden_layers"], device, resolve_dtype(args.dtype))
     cuda = device.type == "cuda"
     early_exit = {"exit_layer": EXIT_LAYER[args.shape], "head": None}
     decoders = {
