@@ -22,30 +22,18 @@ if TYPE_CHECKING:
 
 __version__ = "0.1.0"
 
-_WHERE = {
-    "EESDError": "eesd_core.errors",
-    "GenerationResult": "eesd_core.engine",
-    "GenerationStats": "eesd_core.stats",
-    "RoundOutcome": "eesd_core.protocols",
-    "SpeculativeDecoder": "eesd_core.engine",
-    "hookimpl": "eesd_core.hookspecs",
-}
-
-__all__ = [
-    "EESDError",
-    "GenerationResult",
-    "GenerationStats",
-    "RoundOutcome",
-    "SpeculativeDecoder",
-    "hookimpl",
-    "__version__",
-]
+_WHERE = dict(
+    EESDError="errors", GenerationResult="engine", GenerationStats="stats", RoundOutcome="protocols"
+)
+_WHERE.update(SpeculativeDecoder="engine", hookimpl="hookspecs")
+__all__ = ["EESDError", "GenerationResult", "GenerationStats", "RoundOutcome", "SpeculativeDecoder"]
+__all__ += ["hookimpl", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
     if name not in _WHERE:
         raise AttributeError(f"module 'eesd_core' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_WHERE[name]), name)
+    value = getattr(importlib.import_module(f"eesd_core.{_WHERE[name]}"), name)
     globals()[name] = value
     return value
 

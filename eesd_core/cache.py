@@ -1,15 +1,10 @@
-"""A key/value cache that rolls back by moving a length, never by copying.
+"""A key/value cache that rolls back by moving a length, never by copying, and its layout.
 
-Speculative decoding appends drafts to the cache and then drops the rejected ones every round.
-:class:`KVCache` preallocates one buffer per layer and keeps one length per layer; ``update`` writes
-in place and returns views, ``crop`` just moves lengths. It speaks the part of transformers' ``Cache``
-interface that decoder layers use (``update(key, value, layer_idx)``), so the attention modules of an
-HF model write into it directly. The layers of the target [0, L) and the drafter's own layers live in
-separate instances; the early-exit drafter shares the target's instance for layers [0, N).
-
-A batch of ragged prompts is left-padded into one cache, but its prefill need not run the padding:
-:func:`packed_groups` splits the rows into groups that each start at their longest prompt, and a
-:class:`RowWriter` per group lets a pass over those rows alone write their slots.
+:class:`KVCache` preallocates one buffer per layer and keeps one length per layer; it speaks the
+part of transformers' ``Cache`` interface that decoder layers use (``update(key, value,
+layer_idx)``). Its slots are the columns of a batch; :class:`BatchLayout` says which slot holds
+which position of which row. A prefill of ragged prompts need not run their left padding:
+:func:`packed_groups` splits the rows into groups and a :class:`RowWriter` per group writes them.
 """
 
 from __future__ import annotations
@@ -17,6 +12,78 @@ from __future__ import annotations
 import torch
 
 _MIN_CAPACITY = 64
+
+
+class BatchLayout:
+    """Slot bookkeeping of a batch cache: ``valid`` ``[B, capacity]`` marks the slots holding a key
+    of each row, ``positions`` ``[B, capacity]`` its position; ``slots`` are in use between rounds.
+    A *dense* layout (every row's keys are its positions 0 .. in slot order: one row always) keeps
+    no tensors until a row leaves a slot empty, and its passes need no masks (:meth:`window`)."""
+
+    def __init__(self, rows: int, capacity: int, device: torch.device) -> None:
+        self.rows, self.capacity, self.device = rows, capacity, device
+        self.valid: torch.Tensor | None = None
+        self.positions: torch.Tensor | None = None
+        self.slots = 0
+        self.filled = 0  # slots written so far, this round's included
+
+    @property
+    def dense(self) -> bool:
+        return self.valid is None
+
+    def spread(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The tensors (of a dense layout: slot s holds position s of every row, if written)."""
+        if self.valid is None or self.positions is None:
+            slots = torch.arange(self.capacity, device=self.device)
+            self.valid = (slots < self.filled).expand(self.rows, -1).clone()
+            self.positions = slots.expand(self.rows, -1).clone()
+        return self.valid, self.positions
+
+    def window(self, first: int, end: int) -> tuple[int | torch.Tensor, torch.Tensor | None]:
+        """(positions, valid) of a pass over slots [first, end), as ``ModelAdapter.run`` takes them."""
+        if self.valid is None or self.positions is None:
+            return first, None
+        return self.positions[:, first:end], self.valid[:, :end]
+
+    def mark(self, slot: int, feeding: list[bool], positions: list[int]) -> None:
+        """Slot ``slot`` holds position ``positions[b]`` of every row b that ``feeding`` marks."""
+        if self.valid is None and all(feeding) and all(p == slot for p in positions):
+            self.filled = slot + 1
+            return
+        valid, where = self.spread()
+        valid[:, slot] = torch.tensor(feeding, device=self.device)
+        where[:, slot] = torch.tensor(positions, device=self.device)
+
+    def keep(self, start: int, upto: list[int]) -> None:
+        """Row b keeps slots [start, start + upto[b]] of a round (-1: none); the batch moves past
+        the longest."""
+        end = start + max([1, *(n + 1 for n in upto)])
+        if self.valid is None and len(set(upto)) > 1:  # rows kept different counts: gaps
+            self.spread()
+        if self.valid is not None:
+            kept = torch.arange(self.capacity - start, device=self.device)[None]
+            self.valid[:, start:] &= kept <= torch.tensor(upto, device=self.device)[:, None]
+        self.slots = self.filled = end
+
+    def aligned(self, rows: torch.Tensor) -> torch.Tensor:
+        """Old slot of each new slot when rows ``rows`` are kept with their keys right-aligned
+        (gaps squeezed out); ``[B', S']``, -1 where the new slot is padding."""
+        valid = self.spread()[0][rows, : self.slots]
+        counts = valid.sum(1)
+        width = int(counts.max()) if counts.numel() else 0
+        order = torch.where(valid, torch.arange(self.slots, device=valid.device), -1)
+        return order.sort(dim=1).values[:, self.slots - width :] if width else order[:, :0]
+
+    def relayout(self, rows: torch.Tensor, index: torch.Tensor) -> None:
+        """Keep ``rows``, with new slot j of row b holding old slot ``index[b, j]`` (-1: padding)."""
+        valid, positions = self.spread()
+        take = index.clamp_min(0)
+        self.valid = torch.zeros(len(rows), self.capacity, dtype=torch.bool, device=self.device)
+        self.positions = torch.zeros_like(self.valid, dtype=torch.long)
+        self.valid[:, : index.shape[1]] = valid[rows].gather(1, take) & (index >= 0)
+        self.positions[:, : index.shape[1]] = positions[rows].gather(1, take)
+        self.rows, self.slots = len(rows), index.shape[1]
+        self.filled = self.slots
 
 
 class KVCache:
@@ -56,8 +123,7 @@ class KVCache:
         return keys, values
 
     def _grow(self, old: torch.Tensor | None, like: torch.Tensor, size: int) -> torch.Tensor:
-        b, h, _, d = like.shape
-        new = like.new_empty((b, h, size, d))
+        new = like.new_empty((*like.shape[:2], size, like.shape[3]))
         if old is not None:
             new[:, :, : old.shape[-2]] = old
         return new
@@ -69,14 +135,6 @@ class KVCache:
         """Keep only the first ``length`` positions of layers [start, end)."""
         for layer in range(start, self.num_layers if end is None else end):
             self.lengths[layer] = min(self.lengths[layer], length)
-
-    def keep_rows(self, rows: torch.Tensor) -> None:
-        """Keep only batch rows ``rows`` (indices) of every layer: drop sequences that are done."""
-        for layer in range(self.num_layers):
-            keys, values = self.keys[layer], self.values[layer]
-            if keys is not None and values is not None:
-                self.keys[layer] = keys.index_select(0, rows.to(keys.device))
-                self.values[layer] = values.index_select(0, rows.to(values.device))
 
     def relayout(self, rows: torch.Tensor, index: torch.Tensor) -> None:
         """Keep batch rows ``rows``, new slot j of row b holding old slot ``index[b, j]`` (any
@@ -101,16 +159,10 @@ class KVCache:
         self.keys, self.values = [None] * self.num_layers, [None] * self.num_layers
         return [RowWriter(self, batch, rows, first) for rows, first in groups]
 
-    def nbytes(self) -> int:
-        """Bytes held by the buffers (what the cache costs in memory)."""
-        return sum(t.numel() * t.element_size() for t in self.keys + self.values if t is not None)
-
 
 class RowWriter:
-    """A pass over batch rows ``rows`` alone, writing their keys at slots ``first ..`` of a batch
-    cache (:meth:`KVCache.writers`), so that a prefill of ragged prompts runs each group of rows
-    over its own slots only and skips the others' left padding. The pass sees only its own keys,
-    which is all a prefill's queries read; ``lengths`` are its own (slots written from ``first``)."""
+    """A prefill pass over batch rows ``rows`` alone, writing their keys at slots ``first ..`` of a
+    batch cache (:meth:`KVCache.writers`); it sees its own keys only, all a prefill reads."""
 
     is_compileable = False
 

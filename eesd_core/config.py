@@ -17,9 +17,8 @@ MAX_DRAFT_TOKENS_LIMIT = 64
 
 
 def default_cache_dir() -> Path:
-    """Where eesd keeps files (fetched models, calibrations): ``$EESD_CACHE_DIR``, else
-    ``$XDG_CACHE_HOME/eesd``, else ``~/.cache/eesd``. Empty variables count as unset, as the XDG
-    specification asks."""
+    """Where eesd keeps files: ``$EESD_CACHE_DIR``, else ``$XDG_CACHE_HOME/eesd``, else
+    ``~/.cache/eesd`` (empty variables count as unset)."""
     if os.environ.get("EESD_CACHE_DIR"):
         return Path(os.environ["EESD_CACHE_DIR"]).expanduser()
     if os.environ.get("XDG_CACHE_HOME"):
@@ -62,10 +61,8 @@ class GenerationConfig(BaseModel):
     @field_validator("eos_token_id", mode="before")
     @classmethod
     def _as_tuple(cls, value: Any) -> Any:
-        if value is None:
-            return ()
-        if isinstance(value, int) and not isinstance(value, bool):
-            return (value,)
+        if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+            return () if value is None else (value,)
         return tuple(value) if isinstance(value, (list, tuple)) else value
 
 

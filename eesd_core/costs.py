@@ -1,13 +1,15 @@
 """Measured costs of draft steps and verification passes, for controllers that weigh time.
 
-Hardware costs outlive a request, so one tracker lives as long as its decoder. Each cost is an
-exponential moving average per k (proposals) or per m = k + 1 (verification); what was never measured is
-interpolated by a least-squares line over what was. A measurement replaces a cost unmeasured for
-``STALE`` rounds (plain steps while drafting pays), or a higher one: other work slows passes, never
+One tracker per batch size (a :class:`CostBook`) lives as long as its decoder, shared by its
+generations in any thread. Each cost is an exponential moving average per k (proposals) or per m =
+k + 1 (verification), interpolated by a least-squares line where never measured. A measurement
+replaces a cost unmeasured for ``STALE`` rounds, or a higher one: other work slows passes, never
 speeds them up, and one slow pass must not price its k out for good.
 """
 
 from __future__ import annotations
+
+import threading
 
 from eesd_core.protocols import Costs
 
@@ -38,10 +40,15 @@ class CostTracker:
         self.rounds = 0
         self._measured: dict[tuple[str, int], int] = {}  # (what, k or m) -> round last measured
         self._snapshot: Costs | None = None
+        self._lock = threading.Lock()
 
     def observe(self, k: int, propose_time: float, verify_time: float, withdrawn: bool = False) -> None:
         """A round of k verified drafts; ``withdrawn``: its last draft step was taken back, so its
         drafting time is k drafts' plus the peek (and no finish), which is what it teaches."""
+        with self._lock:
+            self._observe(k, propose_time, verify_time, withdrawn)
+
+    def _observe(self, k: int, propose_time: float, verify_time: float, withdrawn: bool) -> None:
         if withdrawn:
             kept, verify = self.snapshot().round_time(k), self.snapshot().verify(k + 1)
             if kept is not None and verify is not None:
@@ -54,14 +61,16 @@ class CostTracker:
 
     def _smooth(self, old: float | None, new: float, what: tuple[str, int]) -> float:
         last, self._measured[what] = self._measured.get(what, -STALE), self.rounds
-        fresh = old is None or new < old or self.rounds - last >= STALE
-        return new if fresh else old + self.smoothing * (new - old)
+        if old is None or new < old or self.rounds - last >= STALE:
+            return new
+        return old + self.smoothing * (new - old)
 
     def snapshot(self) -> Costs:
         """The current :class:`Costs`, rebuilt only after new observations."""
-        if self._snapshot is None:
-            self._snapshot = self._build()
-        return self._snapshot
+        snapshot = self._snapshot
+        if snapshot is None:
+            snapshot = self._snapshot = self._build()
+        return snapshot
 
     def _build(self) -> Costs:
         proposals = [(k, t) for k, t in enumerate(self.propose) if t is not None]
@@ -78,3 +87,21 @@ class CostTracker:
             return None if vline is None else max(vline[0] + vline[1] * m, 0.0)
 
         return Costs(draft_step, base, verify, self.batch_size, self.peek)  # the fields in order
+
+
+class CostBook:
+    """The cost trackers of one decoder (or proposer), one per batch size rounded up to a power
+    of two; 1 is a lone sequence's."""
+
+    def __init__(self, max_k: int) -> None:
+        self.max_k = max_k
+        self.trackers: dict[int, CostTracker] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, batch_size: int) -> CostTracker:
+        bucket = 1 << max(batch_size - 1, 0).bit_length()
+        tracker = self.trackers.get(bucket)
+        if tracker is None:
+            with self._lock:
+                tracker = self.trackers.setdefault(bucket, CostTracker(self.max_k, batch_size=bucket))
+        return tracker

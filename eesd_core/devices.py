@@ -15,8 +15,7 @@ DTYPES = {
 HALF = (torch.bfloat16, torch.float16)
 HOST = torch.device("cpu")  # where the engine keeps token ids and other bookkeeping it reads each round
 # A batch prefill's pass on a CPU covers at most this many tokens (rows x slots): the activations of
-# a larger pass outgrow what the C allocator recycles, and every layer's are faulted in afresh (at
-# B = 64 on SmolLM2 that made the prefill 27% slower, and two thirds of its page faults).
+# larger passes outgrow what the C allocator recycles, and are faulted in afresh at every layer.
 CPU_PASS_TOKENS = 512
 
 

@@ -9,15 +9,14 @@ are read by type checkers only.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
 if TYPE_CHECKING:
     import argparse
 
-    from eesd_core.protocols import RoundOutcome
-    from eesd_core.registry import Registrar
+    from eesd_core.protocols import Register, RoundOutcome
     from eesd_core.stats import GenerationStats
 
 hookspec = pluggy.HookspecMarker("eesd")
@@ -25,83 +24,57 @@ hookimpl = pluggy.HookimplMarker("eesd")
 
 
 @hookspec
-def eesd_register_drafters(register: Registrar) -> None:
-    """Register drafter factories.
-
-    :param register: a typed registry; call ``register.add(name, factory, options=OptionsModel)``
-        where ``factory(options)`` returns a :class:`~eesd_core.protocols.Drafter` and
-        ``OptionsModel`` is a :class:`~eesd_core.config.PluginOptions` subclass (unknown keys are
-        errors). A name already taken by another plug-in raises an error naming both.
-    """
+def eesd_register_drafters(register: Register) -> None:
+    """Register drafter factories: ``register.add(name, factory, options=OptionsModel)``, where
+    ``factory(options)`` returns a :class:`~eesd_core.protocols.Drafter` and ``OptionsModel`` is a
+    :class:`~eesd_core.config.PluginOptions` subclass. A name another plug-in took is an error
+    naming both; a class breaking its protocol is refused there and then."""
 
 
 @hookspec
-def eesd_register_controllers(register: Registrar) -> None:
-    """Register controller factories; ``factory(options)`` returns a Controller.
-
-    :param register: the typed registry, as in :func:`eesd_register_drafters`.
-    """
+def eesd_register_controllers(register: Register) -> None:
+    """Register controller factories (``factory(options)`` returns a Controller), as drafters."""
 
 
 @hookspec
-def eesd_register_verifiers(register: Registrar) -> None:
-    """Register verifier factories; ``factory(options)`` returns a Verifier.
-
-    :param register: the typed registry, as in :func:`eesd_register_drafters`.
-    """
+def eesd_register_verifiers(register: Register) -> None:
+    """Register verifier factories (``factory(options)`` returns a Verifier), as drafters."""
 
 
 @hookspec
-def eesd_register_model_adapters(register: Registrar) -> None:
-    """Register model adapter classes.
+def eesd_register_model_adapters(register: Register) -> None:
+    """Register model adapter classes: ``register.add(name, adapter_class)``, the class having
+    ``supports(model) -> bool`` and ``model_types`` and building a ModelAdapter from a model."""
 
-    :param register: the typed registry; ``register.add(name, adapter_class)`` where the class has
-        ``supports(model) -> bool`` (a classmethod), ``model_types`` (names for error messages) and
-        builds a :class:`~eesd_core.protocols.ModelAdapter` from a loaded model.
-    """
+
+@hookspec(firstresult=True)
+def eesd_linear_products(adapter: Any, choice: str) -> Any:
+    """How the linear layers of an adapter's passes multiply, asked once when a built-in adapter
+    is made (``choice``: its ``products`` option). Return ``None`` where the plug-in does not apply,
+    else an object with ``describe() -> str`` and ``product(rows)``: the ``(x, weight, bias)``
+    product of a pass over ``rows`` positions, or ``None`` for ``F.linear``."""
 
 
 @hookspec
 def eesd_round_end(outcome: RoundOutcome) -> None:
-    """Observe one finished round (tracing, metrics). Called only when some plug-in implements it.
-
-    :param outcome: the :class:`~eesd_core.protocols.RoundOutcome` the controller learnt from:
-        position, drafted k, accepted n, the committed tokens, draft and verify seconds, and the
-        per-draft confidences the controller saw. It is frozen and shared: read it, keep it.
-    """
+    """Observe one row's finished round (tracing, metrics): the frozen
+    :class:`~eesd_core.protocols.RoundOutcome` the controller learnt from."""
 
 
 @hookspec
 def eesd_generation_end(stats: GenerationStats) -> None:
-    """Observe one finished generation.
-
-    :param stats: the :class:`~eesd_core.stats.GenerationStats` of the call.
-    """
+    """Observe one finished generation (each row of a batch): its GenerationStats."""
 
 
 @hookspec(firstresult=True)
 def eesd_resolve_model(name: str, cache_dir: str | None) -> str | None:
-    """Turn a model name (``--model smollm2-135m-instruct``) into a local checkpoint directory.
-
-    Asked only for what is not already a local directory; the first plug-in that knows the name
-    answers, so tools never need to know which plug-in provides models.
-
-    :param name: what the user typed.
-    :param cache_dir: where the user asked fetched models to live; ``None`` for the plug-in's
-        default.
-    :return: the path of a Hugging Face checkpoint directory, ready to load (fetched and converted
-        first if need be), or ``None`` when the plug-in does not know ``name``.
-    """
+    """Turn a model name (``--model smollm2-135m-instruct``) that is not a local directory into a
+    checkpoint directory, ready to load (fetched into ``cache_dir``, or the plug-in's default, and
+    converted if need be), or ``None`` when the plug-in does not know it; the first answer counts."""
 
 
 @hookspec
 def eesd_cli_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add subcommands to the ``eesd`` command line.
-
-    Called every time ``eesd`` builds its parser, ``eesd --help`` included: set up arguments only,
-    and import anything heavy (torch, transformers) inside the command function.
-
-    :param subparsers: the ``argparse`` sub-parser collection of ``eesd``; call
-        ``subparsers.add_parser(name, help=...)`` and ``set_defaults(func=callable)``, where
-        ``callable(args) -> int | None`` runs the command.
-    """
+    """Add subcommands: ``subparsers.add_parser(name, help=...)`` and
+    ``set_defaults(func=callable)``, ``callable(args) -> int | None`` running the command. Called
+    whenever ``eesd`` builds its parser: import anything heavy inside the command function."""

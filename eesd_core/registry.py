@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.metadata as metadata
 import os
 import re
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,8 @@ import pluggy
 from pydantic import BaseModel
 
 from eesd_core import hookspecs
-from eesd_core.errors import InputError, PluginError, PluginLoadError, UnknownPluginError
+from eesd_core.errors import InputError, PluginError, PluginFault, PluginLoadError, UnknownPluginError
+from eesd_core.protocols import contract_breaches
 
 GROUP = "eesd"
 KINDS = {
@@ -102,6 +104,9 @@ class Registrar:
             raise PluginError(f"{where}: the factory must be callable, got {factory!r}.")
         if options is not None and not (isinstance(options, type) and issubclass(options, BaseModel)):
             raise PluginError(f"{where}: options must be a pydantic model class, got {options!r}.")
+        breaches = contract_breaches(self._registry.kind, factory) if isinstance(factory, type) else []
+        if breaches:
+            raise PluginFault(f"{where}: {factory.__name__} breaks the protocol: {'; '.join(breaches)}.")
         self._registry._add(Entry(self._registry.kind, name, factory, options, self.plugin))
 
 
@@ -182,15 +187,18 @@ class Manager:
 
 
 _manager: Manager | None = None
+_loading = threading.Lock()
 
 
 def get_manager() -> Manager:
-    """The process-wide manager, loaded from entry points on first use."""
+    """The process-wide manager, loaded from entry points on first use (once, whatever the threads)."""
     global _manager
     if _manager is None:
-        manager = Manager()
-        manager.load_entry_points()
-        _manager = manager
+        with _loading:
+            if _manager is None:
+                manager = Manager()
+                manager.load_entry_points()
+                _manager = manager
     return _manager
 
 
@@ -200,27 +208,22 @@ def reset_manager(manager: Manager | None = None) -> None:
     _manager = manager
 
 
-def resolve_model(
-    name_or_path: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None = None
-) -> Path:
-    """A checkpoint directory for what a user typed: a local directory as is, else whatever a
-    plug-in makes of the name (hook ``eesd_resolve_model``; ``eesd_models`` fetches known models)."""
-    path = Path(name_or_path).expanduser()
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise InputError(f"{str(path)!r} is a directory but holds no config.json: {_MODEL_WAYS}")
-        return path
-    cache = None if cache_dir is None else str(cache_dir)
-    found = get_manager().pm.hook.eesd_resolve_model(name=str(name_or_path), cache_dir=cache)
-    if found is None:
-        raise InputError(
-            f"{str(name_or_path)!r} is neither a checkpoint directory nor a model name any loaded "
-            f"plug-in knows: {_MODEL_WAYS}"
-        )
-    return Path(found)
-
-
 _MODEL_WAYS = (
     "pass a local Hugging Face checkpoint directory that holds config.json, or a name from "
     "`eesd models list` (plug-in eesd_models; `eesd plugins` shows whether it is loaded)."
 )
+
+
+def resolve_model(name_or_path: Any, cache_dir: Any = None) -> Path:
+    """A checkpoint directory for what a user typed: a local directory as is, else whatever a
+    plug-in makes of the name (hook ``eesd_resolve_model``; ``eesd_models`` fetches known models)."""
+    path, name = Path(name_or_path).expanduser(), str(name_or_path)
+    if path.is_dir() and not (path / "config.json").is_file():
+        raise InputError(f"{str(path)!r} is a directory but holds no config.json: {_MODEL_WAYS}")
+    cache = None if cache_dir is None else str(cache_dir)
+    found = path if path.is_dir() else get_manager().pm.hook.eesd_resolve_model(name=name, cache_dir=cache)
+    if found is None:
+        raise InputError(
+            f"{name!r} is neither a checkpoint directory nor a model name a plug-in knows: {_MODEL_WAYS}"
+        )
+    return Path(found)

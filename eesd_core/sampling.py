@@ -1,18 +1,11 @@
 """Pure probability helpers: logits to the distributions p and q.
 
-Notation, used everywhere in eesd:
-
-* **p**: the target model's next-token distribution;
-* **q**: the draft distribution the drafter actually sampled from;
-* **k**: number of drafts in a round; **n**: number of them accepted;
-* **N**: exit layer (the drafter runs the target's layers [0, N)); **L**: number of layers.
-
-(gpt-fast names them the other way round; we do not.)
-
-p and q go through the same processing (temperature, then top-k, then top-p, as transformers'
-``generate()`` orders its warpers) in float32 or wider, so the verifier compares like with like.
-Temperature 0 is greedy decoding: the distribution puts all mass on the first maximum, which makes
-rejection sampling an exact-match test that draws no randomness.
+Notation, used everywhere in eesd: **p** the target's next-token distribution, **q** the draft
+distribution the drafter sampled from, **k** drafts in a round, **n** of them accepted, **N** the
+exit layer (the drafter runs layers [0, N)), **L** the number of layers. (gpt-fast names p and q
+the other way round; we do not.) p and q go through the same processing (temperature, then top-k,
+then top-p, as transformers orders its warpers) in float32 or wider. Temperature 0 puts all mass
+on the first maximum, which makes rejection sampling an exact-match test that draws nothing.
 """
 
 from __future__ import annotations
@@ -85,9 +78,7 @@ def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """norm(max(0, p - q)): where to sample after a rejection. # [V], [V] -> [V]"""
     diff = (p - q).clamp_min(0)
     total = diff.sum()
-    if total <= 0:
-        return p
-    return diff / total
+    return p if total <= 0 else diff / total
 
 
 class TorchRandom:
@@ -104,15 +95,12 @@ class TorchRandom:
         return float(torch.rand((), generator=self.generator, device=self.generator.device))
 
     def bernoulli(self, prob: float) -> bool:
-        if prob >= 1.0:
-            return True
-        if prob <= 0.0:
-            return False
-        return self.uniform() < prob
+        return prob >= 1.0 or (prob > 0.0 and self.uniform() < prob)
 
     def categorical(self, probs: torch.Tensor) -> int:
-        if probs.dtype in (torch.float16, torch.bfloat16):
-            probs = probs.float()
-        if probs.device != self.generator.device:  # one seed, one text: wherever the model runs
-            probs = probs.to(self.generator.device)
-        return int(torch.multinomial(probs, 1, generator=self.generator))
+        probs = probs.to(
+            self.generator.device, torch.float32 if probs.dtype in (torch.float16, torch.bfloat16) else None
+        )
+        return int(
+            torch.multinomial(probs, 1, generator=self.generator)
+        )  # on the generator's device: one seed, one text

@@ -1,4 +1,5 @@
-"""What a generation reports: the totals of a call, summed from its rounds' :class:`RoundOutcome`."""
+"""What a generation reports: the totals of a call (per row of a batch), summed from its rounds'
+:class:`RoundOutcome` s."""
 
 from __future__ import annotations
 
@@ -33,9 +34,9 @@ class GenerationStats:
         self.withdrawn += round_.withdrawn is not None
         self.draft_time += round_.draft_time
         self.verify_time += round_.verify_time
-        while len(self.drafted_by_position) < round_.drafted:
-            self.drafted_by_position.append(0)
-            self.accepted_by_position.append(0)
+        grow = [0] * max(0, round_.drafted - len(self.drafted_by_position))
+        self.drafted_by_position += grow
+        self.accepted_by_position += grow
         for i in range(round_.drafted):
             self.drafted_by_position[i] += 1
             self.accepted_by_position[i] += int(i < round_.accepted)
@@ -61,3 +62,35 @@ class GenerationStats:
             tokens_per_second=self.tokens_per_second,
         )
         return out
+
+
+@dataclass
+class BatchStats:
+    """Totals of a batched call: ``rows`` holds each row's own :class:`GenerationStats` (its
+    ``total_time`` runs until that row finished); ``rounds`` counts batch rounds."""
+
+    rows: list[GenerationStats] = field(default_factory=list)
+    rounds: int = 0
+    prefill_time: float = 0.0
+    total_time: float = 0.0
+    relayouts: int = 0
+
+    @property
+    def new_tokens(self) -> int:
+        return sum(row.new_tokens for row in self.rows)
+
+    @property
+    def drafted(self) -> int:
+        return sum(row.drafted for row in self.rows)
+
+    @property
+    def accepted(self) -> int:
+        return sum(row.accepted for row in self.rows)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.total_time if self.total_time > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        names = "rounds new_tokens drafted accepted prefill_time total_time relayouts tokens_per_second"
+        return {"rows": [row.to_dict() for row in self.rows]} | {n: getattr(self, n) for n in names.split()}

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import Field
 
 from eesd_core.config import PluginOptions
-from eesd_core.protocols import DraftStep, Request, RoundOutcome
+from eesd_core.protocols import DraftStep, Request, RoundOutcome, RoundStart
 
 
 class ConfidenceOptions(PluginOptions):
@@ -45,28 +47,38 @@ class ConfidenceThreshold:
     def __init__(self, options: ConfidenceOptions | None = None) -> None:
         self.options = options or ConfidenceOptions()
         self.threshold = self.options.threshold
-        self.scores: list[float] = []
+        self.scores: list[float] = []  # learnt across generations
         self.labels: list[int] = []
+        self._lock = threading.Lock()
 
     def start(self, request: Request) -> None:
+        return None
+
+    def begin_round(self, state: None, round: RoundStart) -> None:
         pass
 
-    def should_continue(self, step: DraftStep) -> bool:
+    def should_continue(self, state: None, step: DraftStep) -> bool:
         if step.index >= self.options.k:
             return False
-        if step.index == 0:
-            return True
-        value = step.prob if self.options.signal == "prob" else step.top1
+        if step.index == 0 or step.confidence is None:
+            return step.index == 0
+        value = step.confidence.prob if self.options.signal == "prob" else step.confidence.top1
         return value is not None and value >= self.threshold
 
-    def update(self, outcome: RoundOutcome) -> None:
+    def update(self, state: None, outcomes: Sequence[RoundOutcome]) -> None:
         """Record the accepted drafts and the first rejected one; later drafts were never judged."""
-        if not self.options.adaptive or not outcome.drafted:
+        if not self.options.adaptive:
             return
-        values = outcome.probs if self.options.signal == "prob" else outcome.top1
-        n = outcome.accepted
-        judged = values[: n + 1]
-        self.scores.extend(judged)
+        for outcome in outcomes:
+            if outcome.drafted:
+                with self._lock:
+                    self._learn(outcome)
+
+    def _learn(self, outcome: RoundOutcome) -> None:
+        n, judged = outcome.accepted, outcome.confidences[: outcome.accepted + 1]
+        if any(c is None for c in judged):
+            return  # a replay that recorded no confidences
+        self.scores.extend(c.prob if self.options.signal == "prob" else c.top1 for c in judged)  # type: ignore[misc]
         self.labels.extend(int(i < n) for i in range(len(judged)))
         if len(self.scores) > 5:
             fitted = roc_threshold(self.scores, self.labels)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Sequence
+
 from pydantic import Field
 
 from eesd_core.config import PluginOptions
-from eesd_core.protocols import DraftStep, Request, RoundOutcome
+from eesd_core.protocols import DraftStep, Request, RoundOutcome, RoundStart
 
 
 class EmaOptions(PluginOptions):
@@ -32,18 +35,28 @@ class EmaSteps:
         self.rounds = 0
         self.steps = self.options.start if self.options.start is not None else 1
         self.ceiling: int | None = None
+        self._lock = threading.Lock()
 
     def start(self, request: Request) -> None:
-        if self.ceiling is None and self.options.start is None:
-            self.steps = request.max_draft_tokens
-        self.ceiling = request.max_draft_tokens
+        with self._lock:
+            if self.ceiling is None and self.options.start is None:
+                self.steps = request.max_draft_tokens
+            self.ceiling = request.max_draft_tokens
 
-    def should_continue(self, step: DraftStep) -> bool:
+    def begin_round(self, state: None, round: RoundStart) -> None:
+        pass
+
+    def should_continue(self, state: None, step: DraftStep) -> bool:
         return step.index < self.steps
 
-    def update(self, outcome: RoundOutcome) -> None:
-        if not outcome.drafted:
-            return
+    def update(self, state: None, outcomes: Sequence[RoundOutcome]) -> None:
+        """What the EMA learns is the decoder's, across generations."""
+        for outcome in outcomes:
+            if outcome.drafted:
+                with self._lock:
+                    self._learn(outcome)
+
+    def _learn(self, outcome: RoundOutcome) -> None:
         a = self.options.alpha
         self.ema = outcome.accepted if self.ema is None else (1 - a) * self.ema + a * outcome.accepted
         self.rounds += 1

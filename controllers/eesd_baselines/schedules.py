@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 from pydantic import Field
 
 from eesd_core.config import PluginOptions
-from eesd_core.protocols import DraftStep, Request, RoundOutcome
+from eesd_core.protocols import DraftStep, Request, RoundOutcome, RoundStart
 
 
 class FixedOptions(PluginOptions):
@@ -21,12 +24,15 @@ class FixedK:
         self.k = (options or FixedOptions()).k
 
     def start(self, request: Request) -> None:
+        return None
+
+    def begin_round(self, state: None, round: RoundStart) -> None:
         pass
 
-    def should_continue(self, step: DraftStep) -> bool:
+    def should_continue(self, state: None, step: DraftStep) -> bool:
         return step.index < self.k
 
-    def update(self, outcome: RoundOutcome) -> None:
+    def update(self, state: None, outcomes: Sequence[RoundOutcome]) -> None:
         pass
 
 
@@ -39,6 +45,14 @@ class HeuristicOptions(PluginOptions):
     transient: bool = False
 
 
+@dataclass
+class _Length:
+    """The draft length, and the engine's cap on it."""
+
+    k: int
+    ceiling: int
+
+
 class Heuristic:
     """transformers' ``num_assistant_tokens_schedule="heuristic"``: +2 after a round whose drafts
     were all accepted, -1 (never below 1) otherwise.
@@ -49,20 +63,28 @@ class Heuristic:
 
     def __init__(self, options: HeuristicOptions | None = None) -> None:
         self.options = options or HeuristicOptions()
-        self.k = self.options.start
-        self.ceiling = self.k
+        self.length = _Length(self.options.start, self.options.start)  # carried across generations
 
-    def start(self, request: Request) -> None:
-        self.ceiling = request.max_draft_tokens
-        if self.options.transient:
-            self.k = self.options.start
-        self.k = min(self.k, self.ceiling)
+    def start(self, request: Request) -> _Length:
+        length = _Length(self.options.start, 0) if self.options.transient else self.length
+        length.ceiling = request.max_draft_tokens
+        length.k = min(length.k, length.ceiling)
+        return length
 
-    def should_continue(self, step: DraftStep) -> bool:
-        return step.index < self.k
+    def begin_round(self, state: _Length, round: RoundStart) -> None:
+        pass
 
-    def update(self, outcome: RoundOutcome) -> None:
-        if outcome.drafted and outcome.accepted == outcome.drafted:
-            self.k = min(self.k + 2, self.ceiling)
-        elif outcome.drafted:
-            self.k = max(1, self.k - 1)
+    def should_continue(self, state: _Length, step: DraftStep) -> bool:
+        return step.index < state.k
+
+    def update(self, state: _Length, outcomes: Sequence[RoundOutcome]) -> None:
+        for outcome in outcomes:
+            if outcome.drafted and outcome.accepted == outcome.drafted:
+                state.k = min(state.k + 2, state.ceiling)
+            elif outcome.drafted:
+                state.k = max(1, state.k - 1)
+
+    @property
+    def k(self) -> int:
+        """The length carried across generations."""
+        return self.length.k

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+import threading
+from collections.abc import Sequence
 
 from pydantic import Field
 
 from eesd_core.config import PluginOptions
-from eesd_core.protocols import DraftStep, Request, RoundOutcome
+from eesd_core.protocols import DraftStep, Request, RoundOutcome, RoundStart
 
 
 class UcbOptions(PluginOptions):
@@ -32,18 +34,22 @@ class UcbDraftLength:
         self.counts: list[int] = []
         self.totals: list[float] = []
         self.best = 0.0
-        self.arm = 0
-        self.arms: dict[int, int] = {}  # the arm of each row's current round (a batch interleaves)
+        self._lock = threading.Lock()
 
-    def start(self, request: Request) -> None:
+    def start(self, request: Request) -> dict[int, int]:
+        """The generation's state: the arm of each row's current round."""
         arms = (self.options.max_k if self.options.max_k is not None else request.max_draft_tokens) + 1
-        if self.options.per_request or len(self.counts) != arms:
-            self.counts, self.totals, self.best = [0] * arms, [0.0] * arms, 0.0
+        with self._lock:
+            if self.options.per_request or len(self.counts) != arms:
+                self.counts, self.totals, self.best = [0] * arms, [0.0] * arms, 0.0
+        return {}
 
-    def should_continue(self, step: DraftStep) -> bool:
-        if step.index == 0:
-            self.arm = self.arms[step.row] = self.choose()
-        return step.index < self.arms.get(step.row, self.arm)
+    def begin_round(self, state: dict[int, int], round: RoundStart) -> None:
+        for row in round.rows:
+            state[row] = self.choose()
+
+    def should_continue(self, state: dict[int, int], step: DraftStep) -> bool:
+        return step.index < state.get(step.row, 0)
 
     def choose(self) -> int:
         for arm, count in enumerate(self.counts):
@@ -58,11 +64,13 @@ class UcbDraftLength:
 
         return max(range(len(self.counts)), key=index)
 
-    def update(self, outcome: RoundOutcome) -> None:
-        elapsed = outcome.draft_time + outcome.verify_time
-        if elapsed <= 0 or outcome.drafted >= len(self.counts):
-            return
-        rate = (outcome.accepted + 1) / elapsed
-        self.counts[outcome.drafted] += 1
-        self.totals[outcome.drafted] += rate
-        self.best = max(self.best, rate)
+    def update(self, state: dict[int, int], outcomes: Sequence[RoundOutcome]) -> None:
+        for outcome in outcomes:
+            elapsed = outcome.draft_time + outcome.verify_time
+            if elapsed <= 0 or outcome.drafted >= len(self.counts):
+                continue
+            rate = (outcome.accepted + 1) / elapsed
+            with self._lock:
+                self.counts[outcome.drafted] += 1
+                self.totals[outcome.drafted] += rate
+                self.best = max(self.best, rate)

@@ -11,6 +11,8 @@ drafting at that size while drafted rounds advance the call more slowly than pla
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from eesd_core.protocols import RoundOutcome
 
 LEAST_DRAFTED = 8  # rounds with drafts before the gate may shut
@@ -54,14 +56,14 @@ class BatchGate:
         self.drafted.shrink(keep)
         self.plain.shrink(keep)
 
-    def observe(self, outcome: RoundOutcome) -> None:
-        """One row's outcome; the rows of a round report in turn, so a row seen again ends it."""
-        if outcome.row in self._round:
-            self._end_round()
-        self._round.add(outcome.row)
-        self._tokens[outcome.row] = self._tokens.get(outcome.row, 0) + len(outcome.tokens)
-        self._drafts |= outcome.drafted > 0 or outcome.withdrawn is not None
-        self._seconds = outcome.draft_time + outcome.verify_time  # the whole batch round's
+    def observe_round(self, outcomes: Sequence[RoundOutcome]) -> None:
+        """The outcomes of every row of one round."""
+        for outcome in outcomes:
+            self._round.add(outcome.row)
+            self._tokens[outcome.row] = self._tokens.get(outcome.row, 0) + len(outcome.tokens)
+            self._drafts |= outcome.drafted > 0 or outcome.withdrawn is not None
+            self._seconds = outcome.draft_time + outcome.verify_time  # the whole batch round's
+        self._end_round()
 
     def _end_round(self) -> None:
         rows = [row for row in self._round if row in self._before]

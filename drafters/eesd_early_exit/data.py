@@ -97,15 +97,12 @@ def generate_shards(
     work_dir = Path(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
     chunks = [prompts[i : i + settings.batch_size] for i in range(0, len(prompts), settings.batch_size)]
-    paths, prepared = [], False
+    paths = []
     bar = tqdm(chunks, desc="generate", unit="batch", disable=not progress)
     for index, batch in enumerate(bar):
         meta = _shard_metadata(settings, batch, fingerprint)
         path = work_dir / f"shard-{index:05d}.safetensors"
         missing = _missing_layers(path, meta)
-        if not prepared and missing != []:  # before the first shard to make: the batch's products
-            adapter.prepare(settings.batch_size)
-            prepared = True
         if missing:
             bar.set_description("add layers")
             add_layers(adapter, path, missing)
@@ -173,7 +170,7 @@ def add_layers(adapter: ModelAdapter, path: str | Path, layers: list[int]) -> No
         x, done = adapter.embed(ids), 0
         rotary = adapter.rotary(x, 0)
         for n in layers:
-            x = adapter.run_layers(x, done, n, cache, 0, rotary)
+            x = adapter.run(x, done, n, cache, 0, None, rotary)
             kept[n].append(x[0])
             done = n
     like = next(v for k, v in tensors.items() if k.startswith("hidden."))
@@ -232,7 +229,7 @@ def capture_batch(
         if int((~live).sum()) * 8 >= len(rows):
             keep = live.nonzero()[:, 0]
             rows, token, positions, valid = rows[keep], token[keep], positions[keep], valid[keep]
-            cache.keep_rows(keep)
+            keep_rows(cache, keep)
         valid[:, longest + t] = True
         h, logits = _forward(
             adapter, token.view(-1, 1), positions + 1 + t, valid[:, : longest + t + 1], cache, layers
@@ -266,10 +263,19 @@ def _forward(
     rotary = adapter.rotary(x, positions)
     kept, done = [], 0
     for end in (*layers, adapter.num_layers):
-        x = adapter.run_batch(x, done, end, cache, positions, valid, rotary)
+        x = adapter.run(x, done, end, cache, positions, valid, rotary)
         kept.append(x)
         done = end
-    return torch.stack(kept[: len(layers)]), adapter.lm_logits(adapter.norm(x[:, -1]))
+    return torch.stack(kept[: len(layers)]), adapter.logits(adapter.norm(x[:, -1]))
+
+
+def keep_rows(cache: Any, rows: torch.Tensor) -> None:
+    """Keep only batch rows ``rows`` of every layer of ``cache``: drop sequences that are done."""
+    for layer in range(cache.num_layers):
+        keys, values = cache.keys[layer], cache.values[layer]
+        if keys is not None and values is not None:
+            cache.keys[layer] = keys.index_select(0, rows.to(keys.device))
+            cache.values[layer] = values.index_select(0, rows.to(values.device))
 
 
 def _choose(logits: torch.Tensor, temperature: float, generator: torch.Generator) -> torch.Tensor:

@@ -43,7 +43,7 @@ class UntrainedHead(nn.Module):
     def hidden(
         self,
         h: torch.Tensor,
-        position: int | torch.Tensor,
+        positions: int | torch.Tensor,
         cache: KVCache,
         rotary: Any,
         top: torch.Tensor | None = None,
@@ -52,11 +52,8 @@ class UntrainedHead(nn.Module):
         return h
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        return self.adapter.logits(self.adapter.norm(h))  # [m, V]
-
-    def batch_logits(self, h: torch.Tensor) -> torch.Tensor:
-        """Draft logits of the last position of each row ``[B, V]``."""
-        return self.adapter.logits(self.adapter.norm(h[:, -1])[None])
+        """Draft logits ``[..., V]`` of states ``[..., H]``."""
+        return self.adapter.logits(self.adapter.norm(h))
 
 
 def mlp_width_of(layer: nn.Module) -> int:
@@ -171,13 +168,13 @@ class ExitHead(nn.Module):
     def hidden(
         self,
         h: torch.Tensor,
-        position: int | torch.Tensor,
+        positions: int | torch.Tensor,
         cache: KVCache,
         rotary: Any,
         top: torch.Tensor | None = None,
         valid: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Run the exit layers over ``h`` ``[B, m, H]`` at positions from ``position``, or at
+        """Run the exit layers over ``h`` ``[B, m, H]`` at positions from ``positions``, or at
         per-row positions ``[B, m]`` over the cache slots ``valid`` ``[B, total]`` marks.
 
         ``top`` ``[B, m, H]``: for a top-input head, the normalised top state of each row's
@@ -187,7 +184,7 @@ class ExitHead(nn.Module):
             if top is None:
                 raise ValueError("a top-input exit head needs the top states of the previous positions")
             h = self.fuse(torch.cat([h, top.to(h.dtype)], dim=-1))
-        return self.adapter.run_copies(self.layers, h, cache, position, rotary, valid)
+        return self.adapter.run_copies(self.layers, h, cache, positions, valid, rotary)
 
     def top_state(self, h: torch.Tensor) -> torch.Tensor:
         """What the head reads of a last-layer state, or of its own output standing in for one:
@@ -195,23 +192,13 @@ class ExitHead(nn.Module):
         return self.adapter.norm(h)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        """Draft logits ``[m, V]``; -inf outside the vocabulary subset, if any."""
+        """Draft logits ``[..., V]`` of states ``[..., H]``; -inf outside the vocabulary subset, if any."""
         normed = self.norm(h)
         if self.subset_head is None:
             return self.adapter.logits(normed)
-        return self._widen(self.adapter.lm_logits(normed, self.subset_head.weight)[0])  # [m, V]
-
-    def batch_logits(self, h: torch.Tensor) -> torch.Tensor:
-        """Draft logits of the last position of each row ``[B, V]``."""
-        normed = self.norm(h[:, -1])
-        if self.subset_head is None:
-            return self.adapter.logits(normed[None])
-        return self._widen(self.adapter.lm_logits(normed, self.subset_head.weight))
-
-    def _widen(self, small: torch.Tensor) -> torch.Tensor:
-        """Subset logits ``[r, V_sub]`` to ``[r, V]``, -inf outside the subset."""
-        full = small.new_full((small.shape[0], self.adapter.vocab_size), float("-inf"))
-        full[:, self.vocab_ids] = small
+        small = self.adapter.logits(normed, self.subset_head.weight)  # [..., V_sub]
+        full = small.new_full((*small.shape[:-1], self.adapter.vocab_size), float("-inf"))
+        full[..., self.vocab_ids] = small
         return full
 
     def trainable_state(self) -> dict[str, torch.Tensor]:

@@ -62,7 +62,7 @@ def encode_prompts(prompts: Sequence[Any], tokenizer: Any = None, chat: bool = T
         if isinstance(prompt, str):
             if tokenizer is None:
                 raise ConfigError("Text prompts need a tokenizer: pass one, or give token-id lists.")
-            from eesd_core.cli import encode_prompt
+            from eesd_core.tools import encode_prompt
 
             out.append(list(encode_prompt(tokenizer, prompt, chat=chat)))
         else:

@@ -114,7 +114,7 @@ def distill_loss(
 
 def head_logits(head: Any, lm_weight: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
     """Logits over the head's own vocabulary (the subset, if any) for states ``[n, H]``."""
-    return head.adapter.lm_logits(head.norm(hidden), lm_weight)
+    return head.adapter.logits(head.norm(hidden), lm_weight)
 
 
 def forward(head: Any, lm_weight: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:

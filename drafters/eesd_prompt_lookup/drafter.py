@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from eesd_core.config import MAX_DRAFT_TOKENS_LIMIT
-from eesd_core.protocols import Draft, IndependentDrafter, ModelAdapter
+from eesd_core.protocols import IndependentDrafter, ModelAdapter
 from eesd_prompt_lookup.options import PromptLookupOptions
 
 
@@ -47,8 +47,6 @@ class PromptLookupDrafter(IndependentDrafter):
     def describe(self) -> str:
         return f"prompt lookup of {self.options.min_ngram}..{self.options.max_ngram}-grams"
 
-    def step(self, state: None, token: int, position: int, history: torch.Tensor) -> Draft:
+    def propose(self, history: torch.Tensor) -> tuple[int, ...]:
         o = self.options
-        return Draft(
-            tokens=tuple(find_continuation(history, o.max_ngram, o.min_ngram, MAX_DRAFT_TOKENS_LIMIT))
-        )
+        return tuple(find_continuation(history, o.max_ngram, o.min_ngram, MAX_DRAFT_TOKENS_LIMIT))

@@ -1,10 +1,8 @@
 """Model adapters: how eesd splits an HF causal LM into embed / layers [a, b) / norm / head.
 
 Adapters are plug-ins (hook ``eesd_register_model_adapters``); :func:`find_adapter` picks the first
-registered one whose ``supports(model)`` is true and hands it its options, validated against the
-options model it registered (:class:`AdapterOptions` for the built-ins). This package stays
-import-light: the built-ins register as :class:`LazyAdapter` (:mod:`eesd_core.models.builtin`), so
-listing plug-ins imports no torch; an adapter's module loads when a model it serves is wrapped.
+whose ``supports(model)`` is true, with its options validated. The built-ins register as
+:class:`LazyAdapter`, so listing plug-ins imports no torch.
 """
 
 from __future__ import annotations
@@ -18,20 +16,30 @@ from eesd_core.protocols import ModelAdapter
 
 
 class AdapterOptions(PluginOptions):
-    """``matmul``: the product of the linear layers in passes over a few positions (decoding
-    steps, draft steps, verification), :mod:`eesd_core.models.products`. ``"auto"`` measures on
-    CPUs, when the adapter is prepared, where ``(W @ x.T).T`` or oneDNN's linear clearly beats
-    ``F.linear``, and keeps the faster; ``"standard"`` keeps ``F.linear``; ``"transposed"`` and
-    ``"onednn"`` use that product for every prepared pass. ``skip_padding``: on, a batched pass
-    multiplies only the positions that are not padding (the left padding of prompts, the slots
-    of rows that drafted fewer tokens than the longest draft of the round, rows that are done);
-    off, it multiplies every position, as one dense batch. ``"auto"`` skips on CPUs, where a
-    pass costs the arithmetic of its positions, and not elsewhere: on a GPU a decoding pass is
-    bound by launching kernels and reading weights, and gathering the rows that count before
-    every linear layer and scattering them back costs more than the rows it saves."""
+    """``products``: how linear layers multiply: ``"auto"`` takes the first installed plug-in's
+    answer (hook ``eesd_linear_products``; eesd's own times faster products on CPUs), ``"standard"``
+    keeps ``F.linear``, another value is a choice for the plug-ins. ``skip_padding``: a batched pass
+    multiplies only the positions that are not padding; ``"auto"`` skips on CPUs, where a pass costs
+    its positions' arithmetic, not on GPUs, where gathering the rows costs more than it saves."""
 
-    matmul: Literal["auto", "standard", "transposed", "onednn"] = "auto"
+    products: str = "auto"
     skip_padding: bool | Literal["auto"] = "auto"
+
+
+def linear_products(adapter: Any, choice: str) -> Any:
+    """What the first plug-in implementing ``eesd_linear_products`` makes of ``choice`` (``None``:
+    ``F.linear``); a choice other than ``"auto"`` that no plug-in takes up is an error."""
+    if choice == "standard":
+        return None
+    from eesd_core.registry import get_manager
+
+    found = get_manager().pm.hook.eesd_linear_products(adapter=adapter, choice=choice)
+    if found is None and choice != "auto":
+        raise ConfigError(
+            f"No installed plug-in provides linear products {choice!r} for this model: use "
+            "products='auto' or 'standard' (`eesd plugins` lists what is loaded)."
+        )
+    return found
 
 
 class LazyAdapter:

@@ -1,9 +1,5 @@
-"""Adapter for the Llama family in transformers 5.x: Llama, Mistral, Qwen2, Qwen3 (SmolLM2 is Llama).
-
-Their layout is the one :class:`~eesd_core.models.base.DecoderAdapter` runs as it is: one rotary
-embedding for every layer, sliding windows on Mistral's layers and on the sliding layers of Qwen2
-and Qwen3, plain logits.
-"""
+"""Adapter for the Llama family in transformers 5.x: Llama, Mistral, Qwen2, Qwen3 (SmolLM2 is Llama),
+whose layout :class:`~eesd_core.models.base.DecoderAdapter` runs as it is."""
 
 from __future__ import annotations
 

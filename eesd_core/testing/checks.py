@@ -77,7 +77,7 @@ def check_bounds(
                 f"A round started at position {r.position}, not {len(prompt) - 1 + committed}."
             )
         committed += len(r.tokens)
-    new = result.sequences.shape[1] - len(prompt)
+    new = result.sequences.shape[1] - len(prompt)  # type: ignore[union-attr]
     if new != max_new_tokens or min(committed, max_new_tokens) != new:
         raise DistributionMismatch(f"Generated {new} tokens ({committed} committed), not {max_new_tokens}.")
 
@@ -175,7 +175,7 @@ def check_exact_match(verifier: Verifier, drafts: Sequence[int], p: torch.Tensor
     n = 0
     while n < len(drafts) and drafts[n] == targets[n]:
         n += 1
-    got = verifier.verify(torch.tensor(list(drafts), dtype=torch.long), None, p, NoRandom())
+    got = verifier.verify([torch.tensor(list(drafts), dtype=torch.long)], [None], p[None], [NoRandom()])[0]
     if (int(got[0]), int(got[1])) != (n, targets[n]):
         raise DistributionMismatch(
             f"Greedy verification of drafts {list(drafts)} against argmax {targets} returned {tuple(got)}, "
@@ -190,22 +190,23 @@ def check_verify_batch(
     p: torch.Tensor,
     uniforms: Sequence[tuple[Sequence[float], Sequence[float]]],
 ) -> None:
-    """``verify_batch`` answers, row for row, what ``verify`` answers, and draws the same.
+    """Rows verified together answer what each answers alone, and draw the same: a row's outcome
+    does not depend on the other rows of its batch.
 
-    Row b has ``drafts[b]``, q ``qs[b]`` (``[k_b, V]`` or None) and p ``p[b, : k_b + 1]`` of ``p``
-    ``[B, m, V]``; ``uniforms[b]`` are its acceptance and sampling uniforms (a
-    :class:`~eesd_core.testing.randomness.ScriptedRandom` each), handed alike to both paths.
+    Row b has ``drafts[b]``, q ``qs[b]`` (``[k_b, V]`` or None) and p ``p[b]`` of ``p`` ``[B, m, V]``
+    (alone: ``p[b, : k_b + 1]``); ``uniforms[b]`` are its acceptance and sampling uniforms (a
+    :class:`~eesd_core.testing.randomness.ScriptedRandom` each), handed alike to both.
     """
     rows = [torch.tensor(list(d), dtype=torch.long) for d in drafts]
     one_by_one, singles = [], [ScriptedRandom(*u) for u in uniforms]
     for b, (d, q, rng) in enumerate(zip(rows, qs, singles, strict=True)):
-        n, token = verifier.verify(d, q, p[b, : len(d) + 1], rng)
+        n, token = verifier.verify([d], [q], p[b : b + 1, : len(d) + 1], [rng])[0]
         one_by_one.append((int(n), int(token)))
     together = [ScriptedRandom(*u) for u in uniforms]
-    got = [(int(n), int(t)) for n, t in verifier.verify_batch(rows, list(qs), p, together)]  # type: ignore[attr-defined]
+    got = [(int(n), int(t)) for n, t in verifier.verify(rows, list(qs), p, together)]
     if got != one_by_one or [r.calls for r in together] != [r.calls for r in singles]:
         raise DistributionMismatch(
-            f"verify_batch returned {got} with draws {[r.calls for r in together]}; row by row, "
-            f"verify returned {one_by_one} with draws {[r.calls for r in singles]} "
+            f"Verifying the rows together returned {got} with draws {[r.calls for r in together]}; "
+            f"each alone, {one_by_one} with draws {[r.calls for r in singles]} "
             f"(drafts {[list(d) for d in drafts]})."
         )

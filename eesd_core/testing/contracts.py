@@ -27,7 +27,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from eesd_core.protocols import Controller, Drafter, SamplingParams, Verifier
+from eesd_core.protocols import Controller, Drafter, RoundStart, SamplingParams, Verifier, contract_breaches
 from eesd_core.testing import strategies as es
 from eesd_core.testing.checks import (
     check_bounds,
@@ -74,31 +74,34 @@ class ControllerContract:
     plugin_kind = "controller"
 
     def test_is_a_controller(self, make_controller: Any) -> None:
-        assert isinstance(make_controller(), Controller)
+        controller = make_controller()
+        assert isinstance(controller, Controller)
+        assert not contract_breaches("controller", controller), contract_breaches("controller", controller)
 
     @examples(30)
     @given(
         request=es.requests(),
         steps=st.lists(es.draft_steps(), max_size=6),
         outcomes=st.lists(es.round_outcomes(), max_size=3),
+        costs=es.costs(),
     )
     def test_any_step_gets_a_bool(
-        self, make_controller: Any, request: Any, steps: Any, outcomes: Any
+        self, make_controller: Any, request: Any, steps: Any, outcomes: Any, costs: Any
     ) -> None:
         controller = make_controller()
-        controller.start(request)
-        for outcome in [None, *outcomes]:
+        keeps = getattr(controller, "withdraws", False) is True
+        state = controller.start(request)
+        for index, outcome in enumerate([None, *outcomes]):
             if outcome is not None:
-                controller.update(outcome)
+                controller.update(state, [outcome])
+            controller.begin_round(state, RoundStart((0,), costs, index))
             for step in steps:
-                decision = controller.should_continue(step)
-                assert decision is True or decision is False or type(decision).__name__ == "bool_", decision
-                if callable(getattr(controller, "keep", None)) and step.index:
-                    seen = replace(step, token=None, prob=None)  # keep() is asked before sampling
-                    decision = controller.keep(seen)
-                    assert decision is True or decision is False or type(decision).__name__ == "bool_", (
-                        decision
-                    )
+                decision = controller.should_continue(state, step)
+                assert decision is True or decision is False, f"should_continue returned {decision!r}"
+                if keeps and step.index:  # keep() is asked before the draft is drawn
+                    seen = replace(step, token=None, confidence=replace(step.confidence, prob=None))
+                    decision = controller.keep(state, seen)
+                    assert decision is True or decision is False, f"keep returned {decision!r}"
 
     @examples(20)
     @given(model=_SMALL_MODELS, sampling=es.sampling_params(greedy=False), drafter=_DRAFTERS, data=st.data())
@@ -175,6 +178,7 @@ class DrafterContract:
     def test_is_a_drafter(self, make_drafter: Any) -> None:
         drafter = make_drafter()
         assert isinstance(drafter, Drafter)
+        assert not contract_breaches("drafter", drafter), contract_breaches("drafter", drafter)
 
     @examples(20)
     @given(data=st.data(), sampling=es.sampling_params(greedy=False), controller=es.erratic_controllers())
@@ -214,9 +218,8 @@ class DrafterContract:
         check_greedy(setup, data.draw(es.prompts(model.vocab_size)), data.draw(st.integers(1, 8)))
 
     def _batched(self, make_drafter: Any) -> None:
-        drafter = make_drafter()
-        if getattr(drafter, "shared_layers", 0) and not hasattr(drafter, "step_batch"):
-            pytest.skip("this drafter runs target layers and does not draft for batches (no step_batch)")
+        if getattr(make_drafter(), "batches", False) is not True:
+            pytest.skip("this drafter drafts for one sequence at a time (batches=False)")
 
     @examples(10)
     @given(data=st.data(), sampling=es.sampling_params(greedy=False), controller=es.erratic_controllers())
@@ -298,11 +301,8 @@ class VerifierContract:
     def test_a_batch_is_verified_as_row_by_row(
         self, make_verifier: Any, vocab: int, rows: int, greedy: bool, data: Any
     ) -> None:
-        """A verifier with ``verify_batch`` (optional: without it the engine verifies a batch
-        row by row) answers each row as ``verify`` would, with the same draws."""
+        """Rows verified together answer as each alone, with the same draws."""
         verifier = make_verifier()
-        if not hasattr(verifier, "verify_batch"):
-            pytest.skip("this verifier has no verify_batch: batches are verified row by row")
         ks = data.draw(st.lists(st.integers(0, 3), min_size=rows, max_size=rows))
         m = max(ks) + data.draw(st.integers(1, 2))  # a round's p may be longer than a row's k + 1
         matrices = es.one_hot_matrices if greedy else es.prob_matrices

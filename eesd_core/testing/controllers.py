@@ -8,9 +8,18 @@ schedule at every ``start()``, so replaying a generation replays its decisions.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from eesd_core.protocols import DraftStep, Request, RoundOutcome
+from eesd_core.protocols import DraftStep, Request, RoundOutcome, RoundStart
+
+
+@dataclass
+class _Calls:
+    """How many times a generation asked so far."""
+
+    calls: int = 0
+    keeps: int = 0
 
 
 @dataclass
@@ -22,32 +31,33 @@ class ErraticController:
     schedule: tuple[bool, ...] = (True,)
     salt: int = 0
     keeps: tuple[bool, ...] = (True,)
+    withdraws = True
 
     def __post_init__(self) -> None:
         self.schedule = tuple(self.schedule) or (False,)
         self.keeps = tuple(self.keeps) or (True,)
-        self.calls = 0
-        self.keep_calls = 0
         self.updates: list[RoundOutcome] = []
 
-    def start(self, request: Request) -> None:
-        self.calls = 0
-        self.keep_calls = 0
+    def start(self, request: Request) -> _Calls:
+        return _Calls()
 
-    def should_continue(self, step: DraftStep) -> bool:
+    def begin_round(self, state: _Calls, round: RoundStart) -> None:
+        pass
+
+    def should_continue(self, state: _Calls, step: DraftStep) -> bool:
         token = -1 if step.token is None else step.token
-        decision = self.schedule[(self.calls + self.salt * (token + 1)) % len(self.schedule)]
-        self.calls += 1
+        decision = self.schedule[(state.calls + self.salt * (token + 1)) % len(self.schedule)]
+        state.calls += 1
         return decision
 
-    def keep(self, step: DraftStep) -> bool:
-        top1 = 0.0 if step.top1 is None else step.top1
-        decision = self.keeps[(self.keep_calls + self.salt * int(10 * top1)) % len(self.keeps)]
-        self.keep_calls += 1
+    def keep(self, state: _Calls, step: DraftStep) -> bool:
+        top1 = 0.0 if step.confidence is None else step.confidence.top1
+        decision = self.keeps[(state.keeps + self.salt * int(10 * top1)) % len(self.keeps)]
+        state.keeps += 1
         return decision
 
-    def update(self, outcome: RoundOutcome) -> None:
-        self.updates.append(outcome)
+    def update(self, state: _Calls, outcomes: Sequence[RoundOutcome]) -> None:
+        self.updates.extend(outcomes)
 
 
 def always() -> ErraticController:

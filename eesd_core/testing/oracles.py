@@ -86,7 +86,7 @@ def step_distribution(
     drafts = torch.tensor(list(draft_tokens), dtype=torch.long)
 
     def run(rng: EnumeratingRandom) -> tuple[int, int]:
-        n, token = verifier.verify(drafts, q, p, rng)
+        n, token = verifier.verify([drafts], [q], p[None], [rng])[0]
         return int(n), int(token)
 
     return distribution(enumerate_runs(run))
@@ -115,7 +115,7 @@ def round_distribution(
             rows.append(q_row)
         p = torch.stack([next_probs(drafts[:i]) for i in range(k + 1)])  # [k+1, V]
         q = None if deterministic or not k else torch.stack(rows)  # [k, V]
-        n, token = verifier.verify(torch.tensor(drafts, dtype=torch.long), q, p, rng)
+        n, token = verifier.verify([torch.tensor(drafts, dtype=torch.long)], [q], p[None], [rng])[0]
         tokens = drafts[:n] + [int(token)]
         while len(tokens) < k + 1:
             tokens.append(rng.categorical(next_probs(tokens)))
@@ -173,7 +173,7 @@ def engine_distribution(
             eos_token_id=list(eos_token_id),
             seed=0,
         )
-        return tuple(result.sequences[0, len(prompt) :].tolist())
+        return tuple(result.sequences[0, len(prompt) :].tolist())  # type: ignore[call-overload]
 
     with installed(setup.subjects()), _quiet_globals():
         return distribution(enumerate_runs(run, max_runs))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
-from eesd_core.protocols import Costs, DraftStep, Request, RoundOutcome, SamplingParams
+from eesd_core.protocols import Confidence, Costs, DraftStep, Request, RoundOutcome, SamplingParams
 from eesd_core.testing.controllers import ErraticController
 from eesd_core.testing.toy import ToyModel
 
@@ -113,23 +113,20 @@ def costs(draw: st.DrawFn) -> Costs:
 
 
 @st.composite
+def confidences(draw: st.DrawFn) -> Confidence:
+    """A draft's confidence: q(d) <= top-1, any entropy."""
+    top1 = draw(_PROB)
+    return Confidence(draw(_PROB) * top1, top1, draw(st.one_of(st.just(0.0), st.floats(0.0, 12.0))))
+
+
+@st.composite
 def draft_steps(draw: st.DrawFn, max_draft_tokens: int | None = None) -> DraftStep:
     """A step as the engine hands it to ``should_continue``: index 0 carries no draft."""
     limit = draw(st.integers(1, 64)) if max_draft_tokens is None else max_draft_tokens
     index = draw(st.integers(0, limit))
-    step = DraftStep(index=index, max_draft_tokens=limit, costs=draw(costs()))
     if not index:
-        return step
-    top1 = draw(_PROB)
-    return DraftStep(
-        index=index,
-        max_draft_tokens=limit,
-        costs=step.costs,
-        token=draw(st.integers(0, 50_000)),
-        prob=draw(_PROB) * top1,
-        top1=top1,
-        entropy=draw(st.one_of(st.just(0.0), st.floats(0.0, 12.0))),
-    )
+        return DraftStep(index=0, max_draft_tokens=limit)
+    return DraftStep(index, limit, 0, draw(st.integers(0, 50_000)), draw(confidences()))
 
 
 @st.composite
@@ -148,15 +145,12 @@ def round_outcomes(draw: st.DrawFn) -> RoundOutcome:
     """What ``update`` receives: k drafted (maybe 0), n <= k accepted, confidences for each draft."""
     k = draw(st.integers(0, 64))
     n = draw(st.integers(0, k))
-    per_draft = st.lists(_PROB, min_size=k, max_size=k)
     return RoundOutcome(
         position=draw(st.integers(0, 4096)),
         drafted=k,
         accepted=n,
         tokens=tuple(draw(st.lists(st.integers(0, 50_000), min_size=n + 1, max_size=n + 1))),
-        probs=tuple(draw(per_draft)),
-        top1=tuple(draw(per_draft)),
-        entropies=tuple(draw(st.lists(st.floats(0.0, 12.0), min_size=k, max_size=k))),
+        confidences=tuple(draw(st.lists(confidences(), min_size=k, max_size=k))),
         draft_time=draw(st.floats(0.0, 10.0)),
         verify_time=draw(st.floats(0.0, 10.0)),
         costs=draw(costs()),

@@ -22,8 +22,7 @@ import torch
 
 from eesd_core.cache import KVCache
 from eesd_core.config import PluginOptions
-from eesd_core.models.products import MatmulPlan
-from eesd_core.protocols import Draft, IndependentDrafter, ModelAdapter, SamplingParams
+from eesd_core.protocols import IndependentDrafter, ModelAdapter, SamplingParams
 from eesd_core.sampling import process_logits
 from eesd_core.testing.errors import KitError, ToyInvariantError
 
@@ -91,7 +90,6 @@ class ToyAdapter:
         self.model = model
         self.config = model.config
         self.model_type = "eesd_toy"
-        self.products = MatmulPlan()
         self.num_layers = model.num_layers
         self.vocab_size = model.vocab_size
         self.hidden_size = 2 + model.window
@@ -101,9 +99,6 @@ class ToyAdapter:
     @classmethod
     def supports(cls, model: Any) -> bool:
         return isinstance(model, ToyModel)
-
-    def prepare(self, max_rows: int) -> None:
-        """Tables have no products to choose."""
 
     def new_cache(self, num_layers: int | None = None, capacity: int = 64) -> KVCache:
         return KVCache(self.num_layers if num_layers is None else num_layers, capacity)
@@ -120,95 +115,49 @@ class ToyAdapter:
     def rotary(self, hidden: torch.Tensor, position: int | torch.Tensor) -> None:
         return None
 
-    def run_layers(
-        self, hidden: torch.Tensor, start: int, end: int, cache: KVCache, position: int, rotary: Any = None
-    ) -> torch.Tensor:
-        for layer in range(start, end):
-            hidden = self._layer(hidden, layer, cache, position)
-        return hidden
-
-    def _layer(self, hidden: torch.Tensor, layer: int, cache: KVCache, position: int) -> torch.Tensor:
-        """Write the tokens into this layer's cache and rebuild each position's window from it."""
-        if not hidden.shape[1]:
-            return hidden
-        depth = int(hidden[0, 0, 0])
-        if depth != layer:
-            raise ToyInvariantError(
-                f"layer {layer} received a hidden state that went through {depth} layers."
-            )
-        if cache.lengths[layer] != position:
-            raise ToyInvariantError(
-                f"layer {layer} holds {cache.lengths[layer]} cached tokens at position {position}: "
-                "the cache was not rolled back to the committed length."
-            )
-        ids = hidden[:, :, 1].reshape(1, 1, -1, 1)  # [1, 1, m, 1]
-        keys, _ = cache.update(ids, ids, layer)
-        seen = [int(t) for t in keys.view(-1).tolist()]
-        windows = [self.model.context(seen[: position + j + 1]) for j in range(hidden.shape[1])]
-        out = hidden.clone()
-        out[0, :, 0] += 1
-        if self.model.window:
-            window = torch.tensor(windows, dtype=torch.float64)  # [m, w]
-            if depth and not torch.equal(window, hidden[0, :, 2:]):
-                raise ToyInvariantError(f"layer {layer} sees another context than the layers before it.")
-            out[0, :, 2:] = window
-        return out
-
-    def norm(self, hidden: torch.Tensor) -> torch.Tensor:
-        return hidden
-
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """``[1, m, H]`` to ``[m, V]``: the target table after all layers, the draft table before."""
-        rows = []
-        for state in hidden[0]:
-            depth = int(state[0])
-            if not 0 < depth <= self.num_layers:
-                raise ToyInvariantError(f"logits asked of a hidden state at depth {depth}.")
-            window = [int(t) for t in state[2:].tolist()]
-            table = self.model.target if depth == self.num_layers else self.model.draft
-            rows.append(table[self.model.row(window)])
-        return torch.stack(rows)
-
-    @property
-    def lm_head_weight(self) -> torch.Tensor:
-        raise NotImplementedError("a toy model is tables: it has no LM head to share")
-
-    def lm_logits(self, hidden: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
-        """``[..., H]`` to ``[..., V]`` as :meth:`logits` reads each state; no other weight."""
-        if weight is not None:
-            raise NotImplementedError("a toy model has no LM head: exit heads need a real model")
-        flat = hidden.reshape(1, -1, hidden.shape[-1])
-        return self.logits(flat).view(*hidden.shape[:-1], self.vocab_size)
-
-    def run_batch(
+    def run(
         self,
         hidden: torch.Tensor,
         start: int,
         end: int,
         cache: KVCache,
-        positions: torch.Tensor,
-        valid: torch.Tensor,
+        positions: int | torch.Tensor,
+        valid: torch.Tensor | None = None,
         rotary: Any = None,
     ) -> torch.Tensor:
-        """Rows of a batch ``[B, m, H]``: each query's window is rebuilt from its own row's valid
-        slots only, and its position must be the number of those before it."""
+        """Each layer writes its tokens into its cache and rebuilds each query's window from its
+        own row's valid slots only (every slot of a dense pass); a query's position must be the
+        number of its row's valid slots before it."""
         for layer in range(start, end):
-            hidden = self._batch_layer(hidden, layer, cache, positions, valid)
+            hidden = self._layer(hidden, layer, cache, positions, valid)
         return hidden
 
-    def _batch_layer(
-        self, hidden: torch.Tensor, layer: int, cache: KVCache, positions: torch.Tensor, valid: torch.Tensor
+    def _layer(
+        self, hidden: torch.Tensor, layer: int, cache: KVCache, positions: Any, valid: torch.Tensor | None
     ) -> torch.Tensor:
         rows, m = hidden.shape[:2]
         if not m:
             return hidden
+        before = cache.lengths[layer]
+        if valid is None:
+            if before != int(positions):
+                raise ToyInvariantError(
+                    f"layer {layer} holds {before} cached tokens at position {int(positions)}: "
+                    "the cache was not rolled back to the committed length."
+                )
+            valid = torch.ones(rows, before + m, dtype=torch.bool)
+            positions = torch.arange(before, before + m).expand(rows, -1)
         total = valid.shape[1]
-        if bool((hidden[:, :, 0] != layer).any()):
-            raise ToyInvariantError(f"layer {layer} received hidden states that went through other layers.")
-        if cache.lengths[layer] != total - m:
+        depths = hidden[:, :, 0]
+        if bool((depths != layer).any()):
+            depth = int(depths[depths != layer][0])
             raise ToyInvariantError(
-                f"layer {layer} holds {cache.lengths[layer]} slots before a pass over slots "
-                f"[{total - m}, {total}): the batch cache and its layout disagree."
+                f"layer {layer} received a hidden state that went through {depth} layers."
+            )
+        if before != total - m:
+            raise ToyInvariantError(
+                f"layer {layer} holds {before} slots before a pass over slots [{total - m}, {total}): "
+                "the cache and its layout disagree (was it rolled back to the committed length?)."
             )
         ids = hidden[:, :, 1].reshape(rows, 1, m, 1)
         keys, _ = cache.update(ids, ids, layer)
@@ -222,11 +171,10 @@ class ToyAdapter:
                     if self.model.window:
                         out[row, j, 2:] = torch.tensor(self.model.context([]), dtype=torch.float64)
                     continue
-                before = valid[row, :slot]
-                if int(positions[row, j]) != int(before.sum()):
+                if int(positions[row, j]) != int(valid[row, :slot].sum()):
                     raise ToyInvariantError(
                         f"row {row} slot {slot} is at position {int(positions[row, j])} but follows "
-                        f"{int(before.sum())} valid slots of its row."
+                        f"{int(valid[row, :slot].sum())} valid slots of its row."
                     )
                 tokens = [int(t) for t in seen[: slot + 1][valid[row, : slot + 1]].tolist()]
                 if self.model.window:
@@ -237,6 +185,27 @@ class ToyAdapter:
                         )
                     out[row, j, 2:] = window
         return out
+
+    def norm(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden
+
+    def logits(self, hidden: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
+        """``[..., H]`` to ``[..., V]``: the target table after all layers, the draft table before."""
+        if weight is not None:
+            raise NotImplementedError("a toy model has no LM head: exit heads need a real model")
+        rows = []
+        for state in hidden.reshape(-1, hidden.shape[-1]):
+            depth = int(state[0])
+            if not 0 < depth <= self.num_layers:
+                raise ToyInvariantError(f"logits asked of a hidden state at depth {depth}.")
+            window = [int(t) for t in state[2:].tolist()]
+            table = self.model.target if depth == self.num_layers else self.model.draft
+            rows.append(table[self.model.row(window)])
+        return torch.stack(rows).view(*hidden.shape[:-1], self.vocab_size)
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        raise NotImplementedError("a toy model is tables: it has no LM head to share")
 
     def copy_layer(self, index: int, slot: int) -> torch.nn.Module:
         raise NotImplementedError("a toy model's layers are tables: there is nothing to copy")
@@ -268,8 +237,6 @@ class ToyDrafter(IndependentDrafter):
     def describe(self) -> str:
         return "the toy model's draft table" + (" (argmax)" if self.deterministic else "")
 
-    def step(self, state: None, token: int, position: int, history: torch.Tensor) -> Draft:
+    def propose(self, history: torch.Tensor) -> torch.Tensor | tuple[int, ...]:
         logits = self.model.logits(history.tolist(), draft=True)  # [V]
-        if self.deterministic:
-            return Draft(tokens=(int(logits.argmax()),))
-        return Draft(logits=logits)
+        return (int(logits.argmax()),) if self.deterministic else logits

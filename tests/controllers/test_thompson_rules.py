@@ -5,32 +5,26 @@ from __future__ import annotations
 import pytest
 from eesd_thompson import ThompsonController, ThompsonOptions
 from eesd_thompson.rule import best_rate, draft_on, expected_tokens
-from outcomes import outcome
+from outcomes import Driven, outcome
 
 from eesd_core.config import validate
 from eesd_core.errors import ConfigError
-from eesd_core.protocols import Costs, DraftStep, Request, SamplingParams
+from eesd_core.protocols import Confidence, Costs, Request, SamplingParams
 
 CHEAP = Costs(draft_step=0.01, propose_base=0.0, verify=lambda m: 0.1)  # drafting nearly free
 DEAR = Costs(draft_step=0.1, propose_base=0.0, verify=lambda m: 0.1)  # a draft costs a forward
 
 
-def run_round(ctrl, costs=CHEAP, limit=8, accepted=None, conf=0.9):
-    """Ask the controller through one round; returns k. ``accepted=None`` accepts everything."""
-    k = 0
-    step = DraftStep(index=0, max_draft_tokens=limit, costs=costs)
-    while ctrl.should_continue(step):
-        k += 1
-        step = DraftStep(k, limit, costs, 5, conf, conf, 1 - conf)
-    n = k if accepted is None else min(k, accepted)
-    ctrl.update(outcome(k, n, (conf,) * k, (conf,) * k, (1 - conf,) * k, 0.0, 0.0, costs))
-    return k
+def run_round(run, costs=CHEAP, limit=8, accepted=None, conf=0.9):
+    """One round of a lone sequence, asked and reported; returns k. ``accepted=None`` accepts
+    everything."""
+    return run.round(costs, limit, accepted, conf)
 
 
 def started(**options):
-    ctrl = ThompsonController(ThompsonOptions(**options))
-    ctrl.start(Request(4, 64, 8, SamplingParams(), Costs()))
-    return ctrl
+    return Driven(
+        ThompsonController(ThompsonOptions(**options)), Request(4, 64, 8, SamplingParams(), Costs())
+    )
 
 
 def test_expected_tokens_is_the_geometric_sum():
@@ -55,21 +49,21 @@ def test_draft_on_compares_the_marginal_gain_with_the_rate():
 
 
 def test_costs_are_explored_with_one_draft_then_one_plain_step():
-    ctrl = started()
-    assert run_round(ctrl, Costs()) == 1
-    assert run_round(ctrl, Costs()) == 0
+    run = started()
+    assert run_round(run, Costs()) == 1
+    assert run_round(run, Costs()) == 0
 
 
 def test_a_drafter_that_is_always_right_drafts_to_the_cap_when_drafting_is_cheap():
-    ctrl = started(alpha0=50, beta0=1)
-    ctrl.kinds_seen |= {0, 1}
-    assert [run_round(ctrl) for _ in range(5)] == [8] * 5
-    assert run_round(ctrl, limit=3) == 3
+    run = started(alpha0=50, beta0=1)
+    run.controller.kinds_seen |= {0, 1}
+    assert [run_round(run) for _ in range(5)] == [8] * 5
+    assert run_round(run, limit=3) == 3
 
 
 def test_a_drafter_that_is_never_right_ends_up_decoding_plainly():
-    ctrl = started()
-    ks = [run_round(ctrl, DEAR if i > 1 else Costs(), accepted=0) for i in range(200)]
+    run = started()
+    ks = [run_round(run, DEAR if i > 1 else Costs(), accepted=0) for i in range(200)]
     assert sum(ks[100:]) <= 2
     assert max(ks[2:]) <= 1  # probes are single drafts
 
@@ -86,10 +80,10 @@ class Lucky:
 
 @pytest.mark.parametrize(("probe_tokens", "expected"), [(1, 1), (3, 3), (None, 8)])
 def test_a_lucky_draw_against_the_posterior_mean_is_a_capped_probe(probe_tokens, expected):
-    ctrl = started(probe_tokens=probe_tokens, alpha0=1, beta0=30)
-    ctrl.kinds_seen |= {0, 1}
-    ctrl.rng = Lucky()
-    assert run_round(ctrl) == expected
+    run = started(probe_tokens=probe_tokens, alpha0=1, beta0=30)
+    run.controller.kinds_seen |= {0, 1}
+    run.state.rng = Lucky()  # the generation's stream
+    assert run_round(run) == expected
 
 
 def test_bernoulli_rule_follows_theta():
@@ -100,35 +94,35 @@ def test_bernoulli_rule_follows_theta():
 
 
 def test_calibration_stops_after_a_doubtful_draft():
-    ctrl = started(variant="calibration")
-    ctrl.kinds_seen |= {0, 1}
+    run = started(variant="calibration")
+    run.controller.kinds_seen |= {0, 1}
+    seen = (Confidence(0.95, 0.95, 0.1), Confidence(0.95, 0.95, 0.1), Confidence(0.1, 0.1, 2.0))
     for _ in range(60):  # confident drafts are accepted, doubtful ones never
-        conf = (0.95, 0.95, 0.1)
-        ctrl.update(outcome(3, 2, conf, conf, (0.1, 0.1, 2.0), 0.0, 0.0, CHEAP))
-    assert run_round(ctrl, conf=0.95) >= 4
-    assert run_round(ctrl, conf=0.05) == 1
+        run.learn(outcome(3, 2, seen, 0.0, 0.0, CHEAP))
+    assert run_round(run, conf=0.95) >= 4
+    assert run_round(run, conf=0.05) == 1
 
 
 def test_own_cap_is_respected():
-    ctrl = started(alpha0=50, beta0=1, max_draft_tokens=2)
-    ctrl.kinds_seen |= {0, 1}
-    assert run_round(ctrl) == 2
+    run = started(alpha0=50, beta0=1, max_draft_tokens=2)
+    run.controller.kinds_seen |= {0, 1}
+    assert run_round(run) == 2
 
 
 def test_same_seed_same_decisions():
     def decisions(seed):
-        ctrl = started(seed=seed, stop_rule="bernoulli")
-        return [run_round(ctrl, accepted=1) for _ in range(30)]
+        run = started(seed=seed, stop_rule="bernoulli")
+        return [run_round(run, accepted=1) for _ in range(30)]
 
     assert decisions(3) == decisions(3)
     assert decisions(3) != decisions(4)
 
 
 def test_request_scope_replays_the_same_stream_each_generation():
-    ctrl = started(scope="request", stop_rule="bernoulli")
-    first = [run_round(ctrl, accepted=1) for _ in range(20)]
-    ctrl.start(Request(4, 64, 8, SamplingParams(), Costs()))
-    assert [run_round(ctrl, accepted=1) for _ in range(20)] == first
+    run = started(scope="request", stop_rule="bernoulli")
+    first = [run_round(run, accepted=1) for _ in range(20)]
+    again = Driven(run.controller, Request(4, 64, 8, SamplingParams(), Costs()))
+    assert [run_round(again, accepted=1) for _ in range(20)] == first
 
 
 @pytest.mark.parametrize(
@@ -149,40 +143,27 @@ def test_default_edges_follow_the_signal():
 BATCH = Costs(draft_step=0.05, propose_base=0.0, verify=lambda m: 1.0 + 0.25 * (m > 1), batch_size=4)
 
 
-def lockstep_round(ctrl, costs=BATCH, limits=(8, 8, 8, 8)):
-    """One batch round asked as the engine asks it: each step, the rows still drafting in turn.
-    Returns the drafts of each row."""
-    ks = [0] * len(limits)
-    feeding = list(range(len(limits)))
-    index = 0
-    while feeding:
-        drafting = []
-        for row in feeding:
-            step = DraftStep(index, limits[row], costs, row=row)
-            if index:
-                step = DraftStep(index, limits[row], costs, 5, 0.9, 0.9, 0.1, row=row)
-            if index < limits[row] and ctrl.should_continue(step):
-                drafting.append(row)
-                ks[row] += 1
-        feeding, index = drafting, index + 1
-    return ks
+def lockstep_round(run, costs=BATCH, limits=(8, 8, 8, 8)):
+    """One batch round of ``len(limits)`` rows asked as the engine asks it: each step, the rows
+    still drafting in turn. Returns the drafts of each row (the round is not reported)."""
+    return run.lockstep(costs, limits)
 
 
-def measured(ctrl, batch_size):
-    """As if the engine had measured a batch size's plain steps and one-draft rounds."""
-    ctrl.update(outcome(0, 0, (), (), (), 0.0, 0.0, Costs(batch_size=batch_size)))
-    ctrl.update(outcome(1, 1, (0.9,), (0.9,), (0.1,), 0.0, 0.0, Costs(batch_size=batch_size)))
+def measured(run, batch_size):
+    """As if the engine had measured a batch size's rounds: one of one draft, then a plain one."""
+    run.learn(outcome(1, 1, (0.9,), 0.0, 0.0, Costs(batch_size=batch_size)))
+    run.learn(outcome(0, 0, (), 0.0, 0.0, Costs(batch_size=batch_size)))
 
 
 def test_each_batch_size_has_its_costs_explored():
     """Solo costs say nothing of a batch's: a batch size met for the first time drafts one token
     a row to measure a round with drafts there, as the first solo round does."""
-    ctrl = started()
-    measured(ctrl, 1)
+    run = started()
+    measured(run, 1)
     empty = Costs(batch_size=4)
-    assert lockstep_round(ctrl, empty) == [1, 1, 1, 1]
-    measured(ctrl, 4)
-    assert ctrl._kinds[4] == {0, 1}
+    assert lockstep_round(run, empty) == [1, 1, 1, 1]
+    measured(run, 4)
+    assert run.controller.kinds[4] == {0, 1}
 
 
 class Draws(Lucky):
@@ -202,13 +183,14 @@ def test_a_step_every_row_drafts_costs_each_row_its_time_once():
     """Drafts accepted 0.7 of the time and a draft round 0.3 of a step dearer: worth it when
     every row drafts (0.7 tokens a row for 0.3 of a step), not for one row alone, whose longer
     round the other three wait for too (0.7 tokens against 4 x 0.3 steps)."""
-    ctrl = started(alpha0=700, beta0=300)
-    measured(ctrl, 4)
-    ctrl.rng = Draws(0.7)
-    assert lockstep_round(ctrl, limits=(1, 1, 1, 1)) == [1, 1, 1, 1]
+    run = started(alpha0=700, beta0=300)
+    measured(run, 4)
+    run.state.rng = Draws(0.7)
+    assert lockstep_round(run, limits=(1, 1, 1, 1)) == [1, 1, 1, 1]
+    run.begin(BATCH, range(4))
     for row in (0, 1, 2):  # three rows at the end of their budget refuse the step
-        assert not ctrl.should_continue(DraftStep(0, 0, BATCH, row=row))
-    assert not ctrl.should_continue(DraftStep(0, 1, BATCH, row=3))
+        assert not run.ask(0, 0, row=row)
+    assert not run.ask(0, 1, row=3)
 
 
 class Counted(Draws):
@@ -233,50 +215,65 @@ def test_the_rows_of_a_batch_round_share_one_draw(theta):
     the round's draws (B rows cost one posterior draw, not B), and once a row free to draft its
     longest round refuses, the round is plain and the rows after it cost a lookup. The next round
     draws afresh."""
-    ctrl = started(alpha0=700, beta0=300, variant="beta")
-    measured(ctrl, 4)
+    run = started(alpha0=700, beta0=300, variant="beta")
+    measured(run, 4)
     for _ in range(2):
-        ctrl.rng = Counted(theta)
-        ks = lockstep_round(ctrl, limits=(8, 8, 8, 8))
+        run.state.rng = Counted(theta)
+        ks = lockstep_round(run, limits=(8, 8, 8, 8))
         assert len(set(ks)) == 1 and (ks[0] > 0) is (theta > 0.5)
-        assert ctrl.rng.draws == 1 if theta < 0.5 else ctrl.rng.draws <= 2
+        assert run.state.rng.draws == 1 if theta < 0.5 else run.state.rng.draws <= 2
     alone = started(alpha0=700, beta0=300, variant="beta")
     measured(alone, 1)
-    alone.rng = Counted(theta)
+    alone.state.rng = Counted(theta)
     run_round(alone)
     run_round(alone)
-    assert alone.rng.draws >= 2  # a round alone draws once, as before
+    assert alone.state.rng.draws >= 2  # a round alone draws once, as before
 
 
 def test_rows_asked_after_a_step_was_made_draft_it_for_free():
     """Once a row made a draft step, the round is that long for every row: the rows asked after
     it draft too, whatever they expect, while a row asked alone would not."""
-    ctrl = started(alpha0=700, beta0=300)
-    measured(ctrl, 4)
-    ctrl.rng = Lucky()
-    assert ctrl.should_continue(DraftStep(0, 1, BATCH, row=0))
-    ctrl.rng = Draws(0.01)
-    assert [ctrl.should_continue(DraftStep(0, 1, BATCH, row=row)) for row in (1, 2, 3)] == [True] * 3
+    run = started(alpha0=700, beta0=300)
+    measured(run, 4)
+    run.begin(BATCH, range(4))
+    run.state.rng = Lucky()
+    assert run.ask(0, 1, row=0)
+    run.state.rng = Draws(0.01)
+    assert [run.ask(0, 1, row=row) for row in (1, 2, 3)] == [True] * 3
     # the next round, nobody made the step before row 0 asks: it judges by its own draw
-    assert not ctrl.should_continue(DraftStep(0, 1, BATCH, row=0))
+    run.begin(BATCH, range(4))
+    assert not run.ask(0, 1, row=0)
 
 
 def test_a_plain_round_comes_back_to_measure_plain_decoding_again():
     """A drafter that is always right drafts every round, so plain decoding's cost, which drafting
     is weighed against, would keep its first measurement: every ``refresh`` rounds one is plain."""
-    ctrl = started(alpha0=50, beta0=1, refresh=8)
-    ctrl.kinds_seen |= {0, 1}
-    ks = [run_round(ctrl) for _ in range(30)]
+    run = started(alpha0=50, beta0=1, refresh=8)
+    run.controller.kinds_seen |= {0, 1}
+    ks = [run_round(run) for _ in range(30)]
     assert [i for i, k in enumerate(ks) if k == 0] == [8, 17, 26]
     never = started(alpha0=50, beta0=1, refresh=None)
-    never.kinds_seen |= {0, 1}
+    never.controller.kinds_seen |= {0, 1}
     assert min(run_round(never) for _ in range(30)) == 8
 
 
+def test_a_round_that_may_not_draft_counts_as_plain():
+    """A round the engine allows no draft (the last token of a generation) is a plain step too:
+    the rounds to the next refreshing one count from it."""
+    run = started(alpha0=50, beta0=1, refresh=8)
+    run.controller.kinds_seen |= {0, 1}
+    ks = [run_round(run, limit=0 if i == 5 else 8) for i in range(20)]
+    assert [i for i, k in enumerate(ks) if k == 0] == [5, 14]
+
+
 def test_a_refreshing_round_is_plain_for_every_row_of_a_batch():
-    ctrl = started(alpha0=700, beta0=300, refresh=4)
-    measured(ctrl, 4)
-    rounds = [lockstep_round(ctrl) for _ in range(6)]
+    run = started(alpha0=700, beta0=300, refresh=4)
+    measured(run, 4)
+    rounds = []
+    for _ in range(6):
+        ks = lockstep_round(run)
+        rounds.append(ks)
+        run.end(*(outcome(k, k, None, 0.0, 0.0, BATCH, row) for row, k in enumerate(ks)))
     assert rounds[4] == [0, 0, 0, 0]
     assert all(all(k >= 1 for k in ks) for i, ks in enumerate(rounds) if i != 4)
 
@@ -311,32 +308,33 @@ def test_what_the_rows_of_a_round_share_is_computed_once_and_changes_no_decision
         Costs(0.05, 0.0, lambda m, j=j: 1.0 + (0.7 + 0.05 * j) * (m > 1), batch_size=4) for j in range(3)
     ]
 
-    def play(ctrl) -> list[list[int]]:
+    def play(run) -> list[list[int]]:
         chance = random.Random(5)
         decisions = []
         for round_index in range(60):
             costs = prices[round_index // 5 % 3]  # the same costs for five rounds in a row
             limits = (1, 8, 3, 8) if round_index % 2 else (8, 8, 8, 8)
-            ks = lockstep_round(ctrl, costs, limits)
+            ks = lockstep_round(run, costs, limits)
             decisions.append(ks)
             right = 0.8 if round_index < 30 else 0.1  # the drafter turns bad: drafting stops paying
-            for k in ks:
-                n = sum(1 for _ in range(k) if chance.random() < right)
-                ctrl.update(outcome(k, n, (0.9,) * k, (0.9,) * k, (0.1,) * k, 0.0, 0.0, costs))
+            ns = [sum(1 for _ in range(k) if chance.random() < right) for k in ks]
+            rows = enumerate(zip(ks, ns, strict=True))
+            run.end(*(outcome(k, n, None, 0.0, 0.0, costs, row) for row, (k, n) in rows))
         return decisions
 
     shared, fresh = (started(alpha0=7, beta0=3, seed=3) for _ in range(2))
     computed = []
-    keep = fresh._once
-    fresh._once = lambda key, anchor, compute: computed.append(key) or (
-        keep(key, anchor, compute) if key == ("draw",) else compute()
+    keep = fresh.state._once
+    fresh.state._once = lambda key, anchor, compute: (
+        computed.append(key) or (keep(key, anchor, compute) if key == ("draw",) else compute())
     )
     measured(shared, 4)
     measured(fresh, 4)
     decisions = play(shared)
     assert decisions == play(fresh)
     assert computed and any(sum(ks) for ks in decisions) and any(0 in ks for ks in decisions)
-    lockstep_round(shared, prices[0])  # what a round shared is forgotten when the posterior moves
-    assert shared._shared
-    shared.update(outcome(1, 1, (0.9,), (0.9,), (0.1,), 0.0, 0.0, prices[0]))
-    assert not shared._shared
+    lockstep_round(shared, prices[0])  # what a round shared is forgotten once the posterior moves
+    assert shared.state.shared
+    shared.end(outcome(1, 1, None, 0.0, 0.0, prices[0]))
+    shared.begin(prices[0], range(4))  # the next round, under the same costs, starts afresh
+    assert not shared.state.shared

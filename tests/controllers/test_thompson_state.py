@@ -7,9 +7,9 @@ from eesd_thompson import ThompsonController, ThompsonOptions
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
-from outcomes import outcome
+from outcomes import Driven, outcome
 
-from eesd_core.protocols import Costs, DraftStep, Request, SamplingParams
+from eesd_core.protocols import Confidence, Costs, Request, SamplingParams
 
 COSTS = Costs(draft_step=0.01, propose_base=0.01, verify=lambda m: 0.05 + 0.002 * m)
 options = st.builds(
@@ -33,8 +33,14 @@ def request(max_draft: int = 8) -> Request:
     return Request(4, 64, max_draft, SamplingParams(), Costs())
 
 
+def seen(confidences) -> tuple[Confidence, ...]:
+    """Drafts whose q(d), top-1 and entropy are all the confidence drawn."""
+    return tuple(Confidence(c, c, c) for c in confidences)
+
+
 class ThompsonMachine(RuleBasedStateMachine):
-    """Drives rounds, updates and generation starts; checks the posterior against hand counts."""
+    """Drives generations (start, then rounds: begin_round, the asks, update); checks the posterior
+    against hand counts."""
 
     @initialize(opts=options)
     def build(self, opts: ThompsonOptions) -> None:
@@ -45,7 +51,7 @@ class ThompsonMachine(RuleBasedStateMachine):
 
     @rule()
     def start(self) -> None:
-        self.ctrl.start(request())
+        self.run = Driven(self.ctrl, request())
         o = self.opts
         if o.scope == "request":
             self.alpha, self.beta = o.alpha0, o.beta0
@@ -59,22 +65,24 @@ class ThompsonMachine(RuleBasedStateMachine):
         self.started = True
 
     @precondition(lambda self: self.started)
-    @rule(limit=st.integers(0, 8), known=st.booleans(), conf=st.lists(confidences, min_size=8, max_size=8),
-          accepted=st.integers(0, 8))
+    @rule(
+        limit=st.integers(0, 8),
+        known=st.booleans(),
+        conf=st.lists(confidences, min_size=8, max_size=8),
+        accepted=st.integers(0, 8),
+    )
     def round(self, limit: int, known: bool, conf: list[float], accepted: int) -> None:
         costs = COSTS if known else Costs()
-        k, step = 0, DraftStep(index=0, max_draft_tokens=limit, costs=costs)
+        self.run.begin(costs)
+        k = 0
         while True:
-            decision = self.ctrl.should_continue(step)
-            assert isinstance(decision, bool)
+            decision = self.run.ask(k, limit, conf[k - 1] if k else None)
             if not decision:
                 break
             assert k < limit and (self.opts.max_draft_tokens is None or k < self.opts.max_draft_tokens)
             k += 1
-            step = DraftStep(k, limit, costs, 3, conf[k - 1], conf[k - 1], 1 - conf[k - 1])
         n = min(accepted, k)
-        seen = tuple(conf[:k])
-        self.ctrl.update(outcome(k, n, seen, seen, seen, 0.01, 0.05, costs))
+        self.run.end(outcome(k, n, seen(conf[:k]), 0.01, 0.05, costs))
         if k:
             self.alpha += n
             self.beta += (k - n) if self.opts.failures == "all" else float(n < k)
@@ -104,8 +112,8 @@ TestThompsonMachine = ThompsonMachine.TestCase
 def test_more_accepted_drafts_never_lower_the_posterior_mean(opts, accepted, extra):
     low, high = ThompsonController(opts), ThompsonController(opts)
     k = accepted + extra
-    low.update(outcome(k, accepted, (0.5,) * k, (0.5,) * k, (0.5,) * k, 0.0, 0.0, COSTS))
-    high.update(outcome(k, min(k, accepted + 1), (0.5,) * k, (0.5,) * k, (0.5,) * k, 0.0, 0.0, COSTS))
+    Driven(low, request()).learn(outcome(k, accepted, seen((0.5,) * k), 0.0, 0.0, COSTS))
+    Driven(high, request()).learn(outcome(k, min(k, accepted + 1), seen((0.5,) * k), 0.0, 0.0, COSTS))
     assert high.posterior.mean >= low.posterior.mean
     assert high.posterior.alpha > low.posterior.alpha and high.posterior.beta <= low.posterior.beta
 
@@ -114,8 +122,9 @@ def test_more_accepted_drafts_never_lower_the_posterior_mean(opts, accepted, ext
 @settings(max_examples=60, deadline=None)
 def test_calibration_buckets_count_judged_drafts_only(opts, conf, accepted):
     ctrl = ThompsonController(opts.model_copy(update={"variant": "calibration"}))
+    run = Driven(ctrl, request())
     k, n = len(conf), min(accepted, len(conf))
     before = sum(c.alpha + c.beta for c in ctrl.buckets.cells)
-    ctrl.update(outcome(k, n, tuple(conf), tuple(conf), tuple(conf), 0.0, 0.0, COSTS))
+    run.learn(outcome(k, n, seen(conf), 0.0, 0.0, COSTS))
     after = sum(c.alpha + c.beta for c in ctrl.buckets.cells)
     assert after - before == pytest.approx(min(n + 1, k))

@@ -3,16 +3,16 @@ doubtful drafts, looks when only confident drafts pay, and learns from what it t
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass, replace
+from typing import Any
 
 import pytest
 import torch
 from eesd_thompson import ThompsonController, ThompsonOptions
-from outcomes import outcome
+from outcomes import Driven, outcome
 
 from eesd_core.costs import CostTracker
-from eesd_core.protocols import Costs, DraftStep, Request, RoundOutcome, SamplingParams, Withdrawn
+from eesd_core.protocols import Confidence, Costs, DraftStep, Request, RoundOutcome, SamplingParams, Withdrawn
 from eesd_core.testing.controllers import ErraticController
 from eesd_core.testing.kit import TOY, Setup, installed
 from eesd_core.testing.toy import ToyModel
@@ -22,37 +22,41 @@ from eesd_core.testing.toy import ToyModel
 COSTS = Costs(draft_step=0.03, propose_base=0.02, verify=lambda m: 0.08 + 0.03 * (m > 1))
 
 
-def started(withdraws=True, **options):
-    ctrl = ThompsonController(ThompsonOptions(**options))
-    ctrl.start(Request(4, 64, 8, SamplingParams(), COSTS, withdraws=withdraws))
-    ctrl.kinds_seen.update({0, 1})  # costs measured
-    return ctrl
+def started(withdraws=True, costs=COSTS, max_draft=8, **options):
+    run = Driven(
+        ThompsonController(ThompsonOptions(**options)),
+        Request(4, 64, max_draft, SamplingParams(), costs, withdraws=withdraws),
+    )
+    run.controller.kinds_seen.update({0, 1})  # costs measured
+    return run
 
 
-def teach(ctrl, rounds, confident_share, confident_accepts=1.0, doubtful_accepts=0.0):
+def teach(run, rounds, confident_share, confident_accepts=1.0, doubtful_accepts=0.0):
     """Rounds of one draft: a share of them confident (top-1 0.95), the rest doubtful (0.1)."""
     for i in range(rounds):
         confident = (i % 100) < 100 * confident_share
         conf = 0.95 if confident else 0.1
         rate = confident_accepts if confident else doubtful_accepts
         n = int((i * 0.618) % 1 < rate)
-        ctrl.update(outcome(1, n, (conf,), (conf,), (1 - conf,), 0.03, 0.11, COSTS))
+        run.learn(outcome(1, n, (conf,), 0.03, 0.11, COSTS))
 
 
-def ask_round(ctrl, conf):
-    """One round's decisions as the engine asks them: (drafted a first token?, kept it?)."""
-    if not ctrl.should_continue(DraftStep(0, 8, COSTS)):
+def ask_round(run, conf):
+    """One round's decisions as the engine asks them, not reported (what the controller learnt
+    stays as taught): (drafted a first token?, kept it?)."""
+    run.begin(COSTS)
+    if not run.ask(0, 8):
         return False, False
-    return True, ctrl.keep(DraftStep(1, 8, COSTS, None, None, conf, 1 - conf))
+    return True, run.keep(0, 8, conf)
 
 
 def test_a_doubtful_draft_is_taken_back_and_a_confident_one_kept():
-    ctrl = started()
-    teach(ctrl, 60, confident_share=0.5)
+    run = started()
+    teach(run, 60, confident_share=0.5)
     kept = {conf: 0 for conf in (0.1, 0.95)}
     for _ in range(200):
         for conf in kept:
-            drafted, keep = ask_round(ctrl, conf)
+            drafted, keep = ask_round(run, conf)
             kept[conf] += keep
     assert kept[0.1] <= 5
     assert kept[0.95] >= 150
@@ -63,78 +67,71 @@ def test_it_looks_when_only_confident_drafts_pay():
     the 30% that are confident are always right, and seeing one costs a tenth of a plain step."""
     looks = {}
     for withdraw in (True, False):
-        ctrl = started(withdraw=withdraw)
-        teach(ctrl, 100, confident_share=0.3)
-        looks[withdraw] = sum(ask_round(ctrl, 0.1)[0] for _ in range(200))
+        run = started(withdraw=withdraw)
+        teach(run, 100, confident_share=0.3)
+        looks[withdraw] = sum(ask_round(run, 0.1)[0] for _ in range(200))
     assert looks[True] >= 150
     assert looks[False] <= 30
 
 
 def test_no_look_when_the_peek_costs_as_much_as_it_could_gain():
     dear = Costs(draft_step=0.1, propose_base=0.0, verify=lambda m: 0.1 + 0.03 * (m > 1))
-    ctrl = ThompsonController(ThompsonOptions())
-    ctrl.start(Request(4, 64, 8, SamplingParams(), dear, withdraws=True))
-    ctrl.kinds_seen.update({0, 1})
-    teach(ctrl, 100, confident_share=0.3)
-    drafted = sum(ctrl.should_continue(DraftStep(0, 8, dear)) for _ in range(200))
+    run = started(costs=dear)
+    teach(run, 100, confident_share=0.3)
+    drafted = 0
+    for _ in range(200):
+        run.begin(dear)
+        drafted += run.ask(0, 8)
     assert drafted <= 30
 
 
 def test_in_a_batch_a_row_asked_after_refusals_looks_only_for_more():
     """A look is a draft step for every row of a batch. Alone, a row looks (a third of its first
     drafts are confident and always right, which repays the step); as the fourth row of a batch
-    whose three other rows refused the step, the same row does not: the step would spend four
-    rows' time for one row's tokens."""
+    whose three other rows refused the step (at the end of their budget), the same row does not:
+    the step would spend four rows' time for one row's tokens."""
     batched = replace(COSTS, batch_size=4)
     solo, batch = started(seed=3), started(seed=3)
-    batch._kinds[4] = {0, 1}  # as if the engine had measured the batch's rounds too
-    for ctrl in (solo, batch):
-        teach(ctrl, 100, confident_share=0.3)
+    batch.controller.kinds[4] = {0, 1}  # as if the engine had measured the batch's rounds too
+    for run in (solo, batch):
+        teach(run, 100, confident_share=0.3)
     looks = {"alone": 0, "fourth": 0, "first": 0}
     for _ in range(200):
-        looks["alone"] += solo.should_continue(DraftStep(0, 8, COSTS))
-        rng, batch.rng = batch.rng, Refusing()
+        solo.begin(COSTS)
+        looks["alone"] += solo.ask(0, 8)
+        batch.begin(batched, range(4))
         for row in range(3):
-            assert not batch.should_continue(DraftStep(0, 8, batched, row=row))
-        batch.rng = rng
-        looks["fourth"] += batch.should_continue(DraftStep(0, 8, batched, row=3))
+            assert not batch.ask(0, 0, row=row)
+        looks["fourth"] += batch.ask(0, 8, row=3)
     for _ in range(200):  # the first row asked judges for every row, as a row alone does
-        looks["first"] += batch.should_continue(DraftStep(0, 8, batched, row=0))
+        batch.begin(batched, range(4))
+        looks["first"] += batch.ask(0, 8, row=0)
         for row in (1, 2, 3):
-            batch.should_continue(DraftStep(0, 8, batched, row=row))
+            batch.ask(0, 8, row=row)
     assert looks["alone"] >= 150 and looks["first"] >= 150
     assert looks["fourth"] <= 10, looks
 
 
-class Refusing(random.Random):
-    """Draws that expect nothing of any draft: every Beta draw is 0.01, no probe is drawn."""
-
-    def betavariate(self, alpha, beta):
-        return 0.01
-
-    def random(self):
-        return 0.999
-
-
 def test_without_the_engine_s_leave_it_keeps_everything():
-    ctrl = started(withdraws=False)
-    teach(ctrl, 60, confident_share=0.5)
-    assert all(ctrl.keep(DraftStep(1, 8, COSTS, None, None, 0.1, 0.9)) for _ in range(50))
+    run = started(withdraws=False)
+    teach(run, 60, confident_share=0.5)
+    run.begin(COSTS)
+    assert run.ask(0, 8)
+    assert all(run.keep(0, 8, 0.1) for _ in range(50))
 
 
 def test_a_withdrawn_draft_teaches_its_bucket_and_the_posterior():
-    ctrl = started()
+    run = started()
+    ctrl = run.controller
     cell = ctrl.buckets.cells[ctrl.buckets.index(0.95)]
     before = (cell.alpha, cell.beta, ctrl.posterior.alpha, ctrl.posterior.beta)
-    judged = Withdrawn(0.95, 0.05, acceptance=0.75)
-    ctrl.update(RoundOutcome(0, 0, 0, (1,), 0.03, 0.08, costs=COSTS, withdrawn=judged))
+    judged = Withdrawn(Confidence(None, 0.95, 0.05), acceptance=0.75)
+    run.learn(RoundOutcome(0, 0, 0, (1,), 0.03, 0.08, costs=COSTS, withdrawn=judged))
     assert (cell.alpha, cell.beta) == pytest.approx((before[0] + 0.75, before[1] + 0.25))
     assert (ctrl.posterior.alpha, ctrl.posterior.beta) == pytest.approx((before[2] + 0.75, before[3] + 0.25))
     # after a rejection the pass never reached the withdrawn draft's position: nothing learnt of it
-    unjudged = Withdrawn(0.95, 0.05, acceptance=None)
-    ctrl.update(
-        RoundOutcome(0, 1, 0, (1,), 0.06, 0.11, (0.5,), (0.5,), (0.7,), costs=COSTS, withdrawn=unjudged)
-    )
+    unjudged = Withdrawn(Confidence(None, 0.95, 0.05), acceptance=None)
+    run.learn(outcome(1, 0, (Confidence(0.5, 0.5, 0.7),), 0.06, 0.11, COSTS, withdrawn=unjudged))
     assert (cell.alpha, cell.beta) == pytest.approx((before[0] + 0.75, before[1] + 0.25))
 
 
@@ -166,13 +163,13 @@ class Recorder(ErraticController):
         self.requests: list[Request] = []
         self.asked: list[DraftStep] = []
 
-    def start(self, request: Request) -> None:
-        super().start(request)
+    def start(self, request: Request) -> Any:
         self.requests.append(request)
+        return super().start(request)
 
-    def keep(self, step: DraftStep) -> bool:
+    def keep(self, state: Any, step: DraftStep) -> bool:
         self.asked.append(step)
-        return super().keep(step) and (self.second or step.index < 2)
+        return super().keep(state, step) and (self.second or step.index < 2)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -209,11 +206,11 @@ def test_what_a_withdrawn_draft_would_have_scored_is_exact(temperature):
             q = torch.softmax(logits.float(), -1)  # the confidence greedy drafts report
             expected = float(p[q.argmax()])
         assert o.withdrawn.acceptance == pytest.approx(expected)
-        assert o.withdrawn.top1 == pytest.approx(float(q.max()))
+        assert o.withdrawn.confidence.top1 == pytest.approx(float(q.max()))
         judged += 1
     assert judged >= 2
     assert result.stats.withdrawn == len(ctrl.updates) - len(capped)
-    assert all(step.token is None and step.prob is None for step in ctrl.asked)
+    assert all(step.token is None and step.confidence.prob is None for step in ctrl.asked)
     assert ctrl.requests[0].withdraws
 
 
@@ -245,29 +242,30 @@ def test_each_row_of_a_batch_judges_its_withdrawn_draft_exactly(temperature):
         assert o.withdrawn.acceptance == pytest.approx(expected)
         judged += 1
     assert judged >= 4 and {o.row for o in ctrl.updates if o.withdrawn is not None} == {0, 1}
-    assert all(step.token is None and step.prob is None for step in ctrl.asked)
+    assert all(step.token is None and step.confidence.prob is None for step in ctrl.asked)
 
 
-def simulate_drafts(ctrl, tracker, rounds):
+def simulate_drafts(run, tracker, rounds):
     """Rounds of at most one draft, each confident (top-1 0.95) and right, timed as ``COSTS``
     says, through a real cost tracker: the indexes of the rounds that drafted, and of those that
     kept their draft."""
     drafted, kept = [], []
     for i in range(rounds):
         costs = tracker.snapshot()
-        if not ctrl.should_continue(DraftStep(0, 1, costs)):
+        run.begin(costs)
+        if not run.ask(0, 1):
             tracker.observe(0, 0.02, 0.08)
-            ctrl.update(outcome(0, 0, (), (), (), 0.02, 0.08, costs))
+            run.end(outcome(0, 0, (), 0.02, 0.08, costs))
             continue
         drafted.append(i)
-        if ctrl.keep(DraftStep(1, 1, costs, None, None, 0.95, 0.05)):
+        if run.keep(0, 1, Confidence(0.95, 0.95, 0.05)):
             kept.append(i)
             tracker.observe(1, 0.05, 0.11)
-            ctrl.update(outcome(1, 1, (0.95,), (0.95,), (0.05,), 0.05, 0.11, costs))
+            run.end(outcome(1, 1, (Confidence(0.95, 0.95, 0.05),), 0.05, 0.11, costs))
         else:
             tracker.observe(0, 0.03, 0.08, withdrawn=True)  # the base and the peek
-            look = Withdrawn(0.95, 0.05, acceptance=1.0)
-            ctrl.update(RoundOutcome(0, 0, 0, (1,), 0.03, 0.08, costs=costs, withdrawn=look))
+            look = Withdrawn(Confidence(None, 0.95, 0.05), acceptance=1.0)
+            run.end(RoundOutcome(0, 0, 0, (1,), 0.03, 0.08, costs=costs, withdrawn=look))
     return drafted, kept
 
 
@@ -283,11 +281,9 @@ def test_a_slow_first_measurement_of_a_verified_draft_is_measured_again(refresh)
     tracker = CostTracker(1)
     tracker.observe(1, 0.05, 0.30)  # the slow first round of one draft
     tracker.observe(0, 0.02, 0.08)
-    ctrl = ThompsonController(ThompsonOptions(refresh=refresh))
-    ctrl.start(Request(4, 64, 1, SamplingParams(), tracker.snapshot(), withdraws=True))
-    ctrl.kinds_seen.update({0, 1})
-    teach(ctrl, 40, confident_share=1.0)  # the buckets know that confident drafts are right
-    drafted, kept = simulate_drafts(ctrl, tracker, 120)
+    run = started(costs=tracker.snapshot(), max_draft=1, refresh=refresh)
+    teach(run, 40, confident_share=1.0)  # the buckets know that confident drafts are right
+    drafted, kept = simulate_drafts(run, tracker, 120)
     assert drafted
     if refresh is None:
         assert kept == []

@@ -8,6 +8,8 @@ rows is checked on toy models by the kit (``check_lossless_batch``, the contract
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from eesd_early_exit.head import ExitHead
@@ -85,6 +87,12 @@ def _drafters(heads: dict[str, str]) -> dict[str, dict]:
 CONTROLLERS = sorted(get_manager().registry("controller").names())
 
 
+def observe(dec: SpeculativeDecoder, record) -> None:  # noqa: ANN001
+    """Hand every row's outcome of every round of ``dec``'s calls to ``record``."""
+    parts = dec.parts
+    dec.parts = lambda: replace(parts(), observe=record)
+
+
 @pytest.mark.parametrize("controller", CONTROLLERS)
 def test_every_row_equals_its_greedy_decoding_alone(model, heads, controller: str) -> None:
     prompts = _prompts()
@@ -106,9 +114,9 @@ def test_a_dense_adapter_prefills_ragged_prompts_in_one_pass(model, heads, name,
     would cost a pass of kernel launches), the target's prefill runs every row over every slot in
     one pass, as transformers does, and so do the exit layers when they catch up; every row still
     equals its greedy decoding alone. Skipping padding, ragged prompts go in groups."""
-    import eesd_early_exit.batch as exit_batch
+    import eesd_early_exit.drafter as exit_batch
 
-    import eesd_core.batch as core_batch
+    import eesd_core.round as core_batch
 
     grouped: list[int] = []
     for module in (core_batch, exit_batch):
@@ -144,7 +152,7 @@ def test_drafts_equal_the_solo_drafts(model, heads) -> None:
         for prompt in prompts:
             dec = SpeculativeDecoder(model, controller="fixed", controller_options={"k": 3}, **options)
             rounds: list = []
-            dec.round_ended = rounds.append
+            observe(dec, rounds.append)
             dec.generate(prompt, max_new_tokens=NEW, eos_token_id=[])
             solo.append(rounds)
         dec = SpeculativeDecoder(model, controller="fixed", controller_options={"k": 3}, **options)
@@ -153,14 +161,14 @@ def test_drafts_equal_the_solo_drafts(model, heads) -> None:
         def record(outcome, batch=batch) -> None:
             batch.setdefault(outcome.row, []).append(outcome)
 
-        dec.round_ended = record
+        observe(dec, record)
         out = dec.generate(prompts, max_new_tokens=NEW, eos_token_id=[])
         for row, rounds in enumerate(solo):
             assert [(o.tokens, o.drafted, o.accepted) for o in batch[row]] == [
                 (o.tokens, o.drafted, o.accepted) for o in rounds
             ], (name, row)
             for mine, alone in zip(batch[row], rounds, strict=True):
-                assert mine.probs == pytest.approx(alone.probs, abs=1e-9), (name, row)
+                assert _probs(mine) == pytest.approx(_probs(alone), abs=1e-9), (name, row)
             accepted += sum(o.accepted for o in rounds)
         assert out.stats.accepted == accepted
         assert accepted > 0 or name == "untrained", name
@@ -234,7 +242,7 @@ def test_stream_and_stats(model) -> None:
 
 
 def test_controllers_see_rows_and_the_batch_size(model) -> None:
-    from eesd_core.protocols import DraftStep, Request, RoundOutcome
+    from eesd_core.protocols import DraftStep, Request, RoundOutcome, RoundStart
 
     seen: dict[str, list] = {"requests": [], "rows": set(), "outcomes": set()}
 
@@ -242,19 +250,25 @@ def test_controllers_see_rows_and_the_batch_size(model) -> None:
         def start(self, request: Request) -> None:
             seen["requests"].append(request.batch_size)
 
-        def should_continue(self, step: DraftStep) -> bool:
+        def begin_round(self, state: None, round: RoundStart) -> None:
+            seen.setdefault("rounds", []).append(round.rows)
+
+        def should_continue(self, state: None, step: DraftStep) -> bool:
             seen["rows"].add(step.row)
             return step.index < 2
 
-        def update(self, outcome: RoundOutcome) -> None:
-            seen["outcomes"].add(outcome.row)
+        def update(self, state: None, outcomes: list[RoundOutcome]) -> None:
+            seen.setdefault("updates", []).append(tuple(o.row for o in outcomes))
+            seen["outcomes"].update(o.row for o in outcomes)
 
     from eesd_core.testing.kit import Setup, installed
 
     setup = Setup(model, drafter="early_exit", drafter_options={"exit_layer": 1}, controller=Recorder)
     with installed(setup.subjects()):
         setup.build().generate(_prompts(5)[:3], max_new_tokens=6, eos_token_id=[])
+    rounds, updates = seen.pop("rounds"), seen.pop("updates")
     assert seen == {"requests": [3], "rows": {0, 1, 2}, "outcomes": {0, 1, 2}}
+    assert rounds[0] == (0, 1, 2) and updates == rounds  # each round's rows, told at its start and end
 
 
 def test_a_batch_size_measures_its_own_draft_rounds_after_solo_ones(model) -> None:
@@ -265,9 +279,9 @@ def test_a_batch_size_measures_its_own_draft_rounds_after_solo_ones(model) -> No
     )
     prompts = _prompts(6)
     dec.generate(prompts[0], max_new_tokens=8, eos_token_id=[])
-    assert dec.costs.propose[1] is not None and dec.costs.propose[0] is not None
+    assert dec.costs(1).propose[1] is not None and dec.costs(1).propose[0] is not None
     dec.generate(prompts[:4], max_new_tokens=8, eos_token_id=[])
-    batch = dec.costs_for(4)
+    batch = dec.costs(4)
     assert batch.propose[0] is not None and any(t is not None for t in batch.propose[1:])
 
 
@@ -294,20 +308,25 @@ class TakesBack:
     """Drafts up to three tokens and takes back a draft whose q's top-1 falls in one of three
     bins: a keep rule of q alone, the same for a row alone and in a batch."""
 
+    withdraws = True
+
     def __init__(self) -> None:
         self.requests: list = []
 
     def start(self, request) -> None:
         self.requests.append(request)
 
-    def should_continue(self, step) -> bool:
+    def begin_round(self, state, round) -> None:
+        pass
+
+    def should_continue(self, state, step) -> bool:
         return step.index < 3
 
-    def keep(self, step) -> bool:
-        assert step.token is None and step.prob is None
-        return int(step.top1 * 1e6) % 3 != 0
+    def keep(self, state, step) -> bool:
+        assert step.token is None and step.confidence.prob is None
+        return int(step.confidence.top1 * 1e6) % 3 != 0
 
-    def update(self, outcome) -> None:
+    def update(self, state, outcomes) -> None:
         pass
 
 
@@ -321,7 +340,7 @@ def test_rows_that_take_drafts_back_make_their_solo_rounds(model, heads, name) -
         dec = SpeculativeDecoder(model, max_draft_tokens=3, **options)
         dec.controller = TakesBack()
         seen: dict[int, list] = {}
-        dec.round_ended = lambda outcome: seen.setdefault(outcome.row, []).append(outcome)
+        observe(dec, lambda outcome: seen.setdefault(outcome.row, []).append(outcome))
         out = dec.generate(prompt_or_batch, max_new_tokens=NEW, eos_token_id=[])
         assert all(request.withdraws for request in dec.controller.requests)
         return seen, out
@@ -335,11 +354,11 @@ def test_rows_that_take_drafts_back_make_their_solo_rounds(model, heads, name) -
         summary = [[(o.tokens, o.drafted, o.accepted) for o in r] for r in (mine, rounds)]
         assert summary[0] == summary[1], (name, row)
         for a, b in zip(mine, rounds, strict=True):
-            assert a.probs == pytest.approx(b.probs, abs=1e-9)
+            assert _probs(a) == pytest.approx(_probs(b), abs=1e-9)
             assert (a.withdrawn is None) == (b.withdrawn is None)
             if a.withdrawn is not None:
                 withdrawn += 1
-                assert a.withdrawn.top1 == pytest.approx(b.withdrawn.top1, abs=1e-9)
+                assert a.withdrawn.confidence.top1 == pytest.approx(b.withdrawn.confidence.top1, abs=1e-9)
                 assert a.withdrawn.acceptance == b.withdrawn.acceptance
     assert withdrawn >= 3 and out.stats.accepted > 0
 
@@ -370,7 +389,7 @@ def test_packed_flush_writes_what_a_padded_pass_writes(model, heads, name, monke
     """The exit layers' first run over ragged prompts goes group by group over each group's own
     slots; the keys and values it leaves in the exit cache equal those of one pass over every
     slot, at every slot a row holds, and no slot holds garbage (the padding it skips is zeros)."""
-    import eesd_early_exit.batch as batch_module
+    import eesd_early_exit.drafter as batch_module
 
     prompts = _prompts(2)
     caches = {}
@@ -388,7 +407,7 @@ def test_packed_flush_writes_what_a_padded_pass_writes(model, heads, name, monke
         if packed:
             assert batch_module.packed_groups(valid) is not None
         with torch.inference_mode():
-            generation.decoder.drafter._flush_batch(state)
+            dec.drafter._flush(state)
         assert state.exit_slots == width and state.exit_cache.lengths == [width]
         caches[packed] = (state.exit_cache.keys[0][:, :, :width], state.exit_cache.values[0][:, :, :width])
     mask = valid[:, None, :, None]
@@ -404,8 +423,8 @@ def test_packed_prefill_writes_what_a_padded_pass_writes(model, heads, name, cap
     ``cap`` tokens a pass at most): every layer's keys and values, the layer-N states handed to
     the drafter and the top states equal those of one pass over every slot, at every slot a row
     holds; what it skips is zeros."""
-    import eesd_core.batch as core_batch
     import eesd_core.devices as devices
+    import eesd_core.round as core_batch
     from eesd_core.cache import packed_groups
 
     monkeypatch.setattr(devices, "CPU_PASS_TOKENS", cap)
@@ -418,7 +437,7 @@ def test_packed_prefill_writes_what_a_padded_pass_writes(model, heads, name, cap
         generation = dec.stream(prompts, max_new_tokens=2, eos_token_id=[])
         first = next(generation)
         width = max(map(len, prompts))
-        valid = generation.layout.valid[:, :width].clone()
+        valid = generation.layout.spread()[0][:, :width].clone()
         if packed:
             groups = packed_groups(valid, max_tokens=cap)
             assert groups is not None and (cap is None or len(groups) > 1)
@@ -446,10 +465,13 @@ class Switch:
     def start(self, request) -> None:
         pass
 
-    def should_continue(self, step) -> bool:
+    def begin_round(self, state, round) -> None:
+        pass
+
+    def should_continue(self, state, step) -> bool:
         return self.on and step.index < 2
 
-    def update(self, outcome) -> None:
+    def update(self, state, outcomes) -> None:
         pass
 
 
@@ -458,7 +480,7 @@ def test_rows_leave_before_the_exit_layers_ever_ran(model, heads, name, monkeypa
     """Rows that stop before anyone drafted leave the batch without running the exit layers over
     the backlog (the waiting states move with the layout); the drafts made afterwards are those
     made when the backlog ran first, and every row equals its greedy decoding alone."""
-    from eesd_early_exit.batch import BatchDrafting
+    from eesd_early_exit.drafter import EarlyExitDrafter
 
     prompts = _prompts(8)
     eos = _eos_for(model, prompts)
@@ -471,7 +493,7 @@ def test_rows_leave_before_the_exit_layers_ever_ran(model, heads, name, monkeypa
         dec = SpeculativeDecoder(model, max_draft_tokens=2, **_drafters(heads)[name])
         dec.controller = switch = Switch()
         rounds: dict[int, list] = {}
-        dec.round_ended = lambda outcome: rounds.setdefault(outcome.row, []).append(outcome)
+        observe(dec, lambda outcome: rounds.setdefault(outcome.row, []).append(outcome))
         generation = dec.stream(prompts, max_new_tokens=NEW, eos_token_id=[eos])
         for _ in generation:
             if generation.stats.relayouts and not switch.on:
@@ -483,16 +505,20 @@ def test_rows_leave_before_the_exit_layers_ever_ran(model, heads, name, monkeypa
 
     rounds, got, moved = run()
     assert moved and got == expected
-    relayout = BatchDrafting.relayout_batch
+    relayout = EarlyExitDrafter.relayout
 
     def flushing(self, state, rows, index) -> None:
-        self._flush_batch(state)
+        self._flush(state)
         relayout(self, state, rows, index)
 
-    monkeypatch.setattr(BatchDrafting, "relayout_batch", flushing)
+    monkeypatch.setattr(EarlyExitDrafter, "relayout", flushing)
     flushed, got, moved = run()
     assert not moved and got == expected
     for row, mine in rounds.items():
         assert [(o.drafted, o.accepted) for o in mine] == [(o.drafted, o.accepted) for o in flushed[row]]
         for a, b in zip(mine, flushed[row], strict=True):
-            assert a.probs == pytest.approx(b.probs, abs=1e-9), (name, row)
+            assert _probs(a) == pytest.approx(_probs(b), abs=1e-9), (name, row)
+
+
+def _probs(outcome) -> list[float]:  # noqa: ANN001
+    return [c.prob for c in outcome.confidences]

@@ -27,8 +27,8 @@ class RandomAcceptVerifier:
     def __init__(self, options: object = None) -> None:
         self.random = random.Random(7)
 
-    def verify(self, draft_tokens, q, p, rng):  # noqa: ANN001, ANN201
-        return self.random.randint(0, len(draft_tokens)), self.random.randrange(3, p.shape[-1])
+    def verify(self, drafts, qs, p, rngs):  # noqa: ANN001, ANN201
+        return [(self.random.randint(0, len(d)), self.random.randrange(3, p.shape[-1])) for d in drafts]
 
 
 class RandomController:
@@ -36,12 +36,15 @@ class RandomController:
         self.random = random.Random(3)
 
     def start(self, request):  # noqa: ANN001, ANN201
+        return None
+
+    def begin_round(self, state, round):  # noqa: ANN001, ANN201
         pass
 
-    def should_continue(self, step):  # noqa: ANN001, ANN201
+    def should_continue(self, state, step):  # noqa: ANN001, ANN201
         return self.random.random() < 0.8
 
-    def update(self, outcome):  # noqa: ANN001, ANN201
+    def update(self, state, outcomes):  # noqa: ANN001, ANN201
         pass
 
 
@@ -86,10 +89,11 @@ def test_cache_holds_committed_tokens_after_every_round(family: str, with_test_p
     rounds = 0
     generation = dec.stream(ids, max_new_tokens=120, eos_token_id=[])
     for _ in generation:
-        committed, state = generation.length, generation.draft_state
+        committed, state = generation.lengths[0], generation.draft_state
         if not generation.done:
             assert generation.cache.lengths == [committed - 1] * 5
-            assert state.exit_cache.lengths[0] + state.deferred_count == committed - 1
+            deferred = sum(t.shape[1] for t in state.deferred)
+            assert state.exit_cache.lengths[0] + deferred == committed - 1
         rounds += 1
     assert rounds > 30 and 0 < generation.stats.accepted < generation.stats.drafted
 
@@ -124,7 +128,7 @@ def test_exit_cache_matches_a_fresh_pass(with_test_plugins: None) -> None:
     with torch.no_grad():
         fresh_target = dec.adapter.new_cache()
         x = dec.adapter.embed(torch.tensor(history[:length]))
-        h = dec.adapter.run_layers(x, 0, 2, fresh_target, 0)
+        h = dec.adapter.run(x, 0, 2, fresh_target, 0)
         fresh_exit = head.new_cache()
         head.hidden(h, 0, fresh_exit, None)
     torch.testing.assert_close(
@@ -136,13 +140,15 @@ def test_exit_cache_matches_a_fresh_pass(with_test_plugins: None) -> None:
 
 
 def test_keep_rows_drops_batch_rows_in_every_layer() -> None:
+    from eesd_early_exit.data import keep_rows
+
     from eesd_core.cache import KVCache
 
     cache = KVCache(2, capacity=4)
     keys = torch.arange(5 * 2 * 3 * 1, dtype=torch.float32).view(5, 2, 3, 1)
     for layer in range(2):
         cache.update(keys + layer, -keys - layer, layer)
-    cache.keep_rows(torch.tensor([0, 3]))
+    keep_rows(cache, torch.tensor([0, 3]))
     for layer in range(2):
         k, v = cache.update(torch.zeros(2, 2, 1, 1), torch.zeros(2, 2, 1, 1), layer)
         assert k.shape == (2, 2, 4, 1) and cache.get_seq_length(layer) == 4
@@ -160,5 +166,5 @@ def test_layers_take_the_cache_by_the_name_transformers_expects(family):
     tokens = torch.tensor([5, 9, 11, 3])
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)
-        adapter.run_layers(adapter.embed(tokens), 0, adapter.num_layers, cache, 0)
+        adapter.run(adapter.embed(tokens), 0, adapter.num_layers, cache, 0)
     assert [cache.get_seq_length(i) for i in range(adapter.num_layers)] == [len(tokens)] * adapter.num_layers

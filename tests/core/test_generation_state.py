@@ -81,15 +81,18 @@ class _Recording:
         self.outcomes: list = []
 
     def start(self, request) -> None:  # noqa: ANN001
+        return None
+
+    def begin_round(self, state, round) -> None:  # noqa: ANN001
         pass
 
-    def should_continue(self, step) -> bool:  # noqa: ANN001
+    def should_continue(self, state, step) -> bool:  # noqa: ANN001
         if step.index:
             self.steps.append((len(self.outcomes), step))
         return step.index < 3
 
-    def update(self, outcome) -> None:  # noqa: ANN001
-        self.outcomes.append(outcome)
+    def update(self, state, outcomes) -> None:  # noqa: ANN001
+        self.outcomes.extend(outcomes)
 
 
 class _Observer:
@@ -128,8 +131,7 @@ def test_one_record_per_round_carries_what_the_controller_saw(observer, temperat
     assert len(controller.steps) > 10
     for round_, step in controller.steps:
         o = controller.outcomes[round_]
-        i = step.index - 1
-        assert (o.probs[i], o.top1[i], o.entropies[i]) == (step.prob, step.top1, step.entropy)
-    assert all(len(o.probs) == len(o.top1) == len(o.entropies) == o.drafted for o in controller.outcomes)
-    probs = [p for o in controller.outcomes for p in o.probs]
+        assert o.confidences[step.index - 1] == step.confidence
+    assert all(len(o.confidences) == o.drafted for o in controller.outcomes)
+    probs = [c.prob for o in controller.outcomes for c in o.confidences]
     assert probs and all(0.0 < p <= 1.0 for p in probs) and min(probs) < 0.99

@@ -67,8 +67,10 @@ def test_import_failure_names_the_entry_point_and_distribution() -> None:
 
 
 def test_duplicate_names_name_both_plug_ins() -> None:
+    from eesd_baselines import FixedK
+
     def register(register):  # noqa: ANN001, ANN202
-        register.add("twin", object)
+        register.add("twin", FixedK)
 
     manager = Manager()
     manager.register(_module("eesd_test_a", eesd_register_controllers=register), "first")

@@ -13,14 +13,13 @@ def _count_target_passes(dec: SpeculativeDecoder) -> list[int]:
     """Count the rows of the adapter's calls that run the target's last layer: one per row and
     target pass (a batch's prefill of ragged prompts may run its rows in groups)."""
     adapter, calls = dec.adapter, [0]
-    for name in ("run_layers", "run_batch"):
-        original = getattr(adapter, name)
+    original = adapter.run
 
-        def counted(hidden, start, end, *args, _original=original, **kwargs):
-            calls[0] += hidden.shape[0] * (end == adapter.num_layers and end > start)
-            return _original(hidden, start, end, *args, **kwargs)
+    def counted(hidden, start, end, *args, **kwargs):
+        calls[0] += hidden.shape[0] * (end == adapter.num_layers and end > start)
+        return original(hidden, start, end, *args, **kwargs)
 
-        setattr(adapter, name, counted)
+    adapter.run = counted
     return calls
 
 
@@ -46,10 +45,8 @@ def test_a_batch_runs_the_target_once_per_new_token() -> None:
     dec = SpeculativeDecoder(model, drafter=None)
     rows = _count_target_passes(dec)
     passes = []
-    original = dec.adapter.run_batch
-    dec.adapter.run_batch = lambda hidden, *a, **k: (
-        passes.append(hidden.shape[0]) or original(hidden, *a, **k)
-    )
+    original = dec.adapter.run
+    dec.adapter.run = lambda hidden, *a, **k: passes.append(hidden.shape[0]) or original(hidden, *a, **k)
     prompts = [[5, 9, 4, 17, 3], [8, 1], [30]]
     generation = dec.stream(prompts, max_new_tokens=6, eos_token_id=[])
     next(generation)  # the prefill
@@ -68,8 +65,8 @@ def test_one_new_token_asks_the_controller_nothing() -> None:
     dec = SpeculativeDecoder(model, drafter_options={"exit_layer": 2, "head": None}, max_draft_tokens=3)
     asked, updated = [], []
     original, update = dec.controller.should_continue, dec.controller.update
-    dec.controller.should_continue = lambda step: asked.append(step) or original(step)
-    dec.controller.update = lambda outcome: updated.append(outcome) or update(outcome)
+    dec.controller.should_continue = lambda state, step: asked.append(step) or original(state, step)
+    dec.controller.update = lambda state, outcomes: updated.append(outcomes) or update(state, outcomes)
     out = dec.generate([5, 9, 4], max_new_tokens=1, eos_token_id=[])
     assert len(out.sequences[0]) == 4 and out.stats.drafted == 0
     assert asked == [] and updated == []

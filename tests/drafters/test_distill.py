@@ -24,7 +24,6 @@ from safetensors import safe_open
 from tinymodels import make_tiny
 
 from eesd_core import SpeculativeDecoder
-from eesd_core.cache import KVCache
 from eesd_core.errors import ConfigError, HeadError
 from eesd_core.models import find_adapter
 
@@ -102,9 +101,9 @@ def test_rows_that_leave_the_batch_keep_their_own_results(model: torch.nn.Module
 
     eos = max(range(97), key=lambda token: len(cut_lengths(token)))  # rows end at many steps
     kept = []
-    original = KVCache.keep_rows
+    original = data_module.keep_rows
     monkeypatch.setattr(
-        KVCache, "keep_rows", lambda self, rows: kept.append(len(rows)) or original(self, rows)
+        data_module, "keep_rows", lambda cache, rows: kept.append(len(rows)) or original(cache, rows)
     )
     together = capture_batch(adapter, prompts, CaptureSettings(EXIT, 16, top_k=4), [eos], torch.Generator())
     assert len(kept) >= 2 and kept == sorted(kept, reverse=True)  # the batch shrank more than once
@@ -160,16 +159,14 @@ def test_shards_resume_and_refuse_other_settings(model: torch.nn.Module, tmp_pat
     assert [p.name for p in paths] == ["shard-00000.safetensors", "shard-00001.safetensors"]
     assert [s.tokens[: s.prompt_length].tolist() for s in read_shards(paths)] == prompts[:6]
     paths[0].unlink()
-    calls, prepared = [], []
+    calls = []
     original = data_module.capture_batch
     monkeypatch.setattr(data_module, "capture_batch", lambda *a: calls.append(len(a[1])) or original(*a))
-    monkeypatch.setattr(adapter, "prepare", prepared.append)
     more = generate_shards(adapter, prompts, tmp_path, settings, [2], False)
     assert calls == [4, 4, 2] and len(more) == 3  # shard 0 was missing, shard 1 held 2 prompts, not 4
-    assert prepared == [4]  # the batch's products, chosen once, before the first shard to make
     assert [s.tokens[: s.prompt_length].tolist() for s in read_shards(more)] == prompts
     generate_shards(adapter, prompts, tmp_path, settings, [2], False)
-    assert calls == [4, 4, 2] and prepared == [4]  # nothing to make: nothing timed
+    assert calls == [4, 4, 2]  # nothing to make
     # another exit layer is added to the shards from their tokens, nothing is generated again
     deeper = CaptureSettings(EXIT + 1, 8, top_k=4, batch_size=4)
     generate_shards(adapter, prompts, tmp_path, deeper, [2], False)
@@ -449,7 +446,7 @@ def test_training_forward_equals_the_decoding_path(model: torch.nn.Module, sampl
         cache, rows = head.new_cache(), []
         for position in range(len(s.hidden)):
             out = head.hidden(s.hidden[position].float().view(1, 1, -1), position, cache, None)
-            rows.append(head.logits(out))
+            rows.append(head.logits(out)[0])
     torch.testing.assert_close(trained, torch.cat(rows)[s.prompt_length - 1 :], atol=1e-4, rtol=1e-4)
 
 

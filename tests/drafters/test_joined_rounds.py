@@ -1,7 +1,7 @@
-"""Single-sequence early-exit states drafting together (a serving engine's requests).
+"""One-row early-exit states drafting together (a serving engine's requests).
 
-``join`` lays the caches of requests of different lengths side by side for one round of the batch
-path and ``part`` hands each request its row back. Every draft distribution of a joined round must
+``join`` lays the caches of requests of different lengths side by side for one round of the
+drafter's steps and ``part`` hands each request its row back. Every draft distribution of a joined round must
 equal the one the request's own round computes (float64), and the states it leaves behind must
 draft the next rounds as a solo state would, after any rollback.
 """
@@ -18,9 +18,11 @@ from eesd_early_exit.headfile import save_head
 from eesd_early_exit.options import EarlyExitOptions
 from tinymodels import make_tiny
 
+from eesd_core.cache import BatchLayout
 from eesd_core.models import find_adapter
 
 EXIT = 2
+CAPACITY = 64
 
 
 def _drafter(family: str, tmp_path, head: bool) -> EarlyExitDrafter:  # noqa: ANN001
@@ -40,25 +42,32 @@ def _drafter(family: str, tmp_path, head: bool) -> EarlyExitDrafter:  # noqa: AN
 
 
 def _state(drafter: EarlyExitDrafter, tokens: list[int]):  # noqa: ANN202
-    """A state whose caches hold every token but the last (the pending one), as a proposer's do."""
+    """A one-row state, laid out densely, whose caches hold every token but the last (the pending
+    one), as a proposer's do."""
     adapter = drafter.adapter
     cache = adapter.new_cache(num_layers=drafter.shared_layers)
-    state = drafter.begin(cache, torch.empty(0, dtype=torch.long), None)
+    state = drafter.begin(cache, BatchLayout(1, CAPACITY, adapter.device), None)
     if len(tokens) > 1:
-        x = adapter.embed(torch.tensor(tokens[:-1]))
-        drafter.extend(state, adapter.run_layers(x, 0, drafter.shared_layers, cache, 0))
+        x = adapter.embed(torch.tensor([tokens[:-1]]))
+        drafter.extend(state, adapter.run(x, 0, drafter.shared_layers, cache, 0))
     return state
+
+
+def _cut(drafter: EarlyExitDrafter, state, length: int) -> None:  # noqa: ANN001
+    state.cache.crop(length)
+    drafter.rollback(state, length)
 
 
 def _solo(drafter: EarlyExitDrafter, state, tokens: list[int], k: int):  # noqa: ANN001, ANN202
     drafts, logits = [], []
     token, position = tokens[-1], len(tokens) - 1
     for i in range(k):
-        out = drafter.step(state, token, position + i, torch.tensor(tokens)).logits
+        history = [torch.tensor(tokens + drafts)]
+        out = drafter.step(state, torch.tensor([token]), position + i, [True], history).logits[0]
         token = int(out.argmax())
         drafts.append(token)
         logits.append(out)
-    drafter.finish(state, token, position + k)
+    drafter.finish(state, torch.tensor([token]), position + k)
     return drafts, logits
 
 
@@ -70,19 +79,19 @@ def _joined(drafter: EarlyExitDrafter, states, rows: list[list[int]], ks: list[i
     feed = torch.tensor([tokens[-1] for tokens in rows])
     feeding, steps = [True] * len(rows), 0
     while True:
-        layout.valid[:, width + steps] = torch.tensor(feeding)
-        layout.positions[:, width + steps] = torch.tensor([len(t) - 1 + steps for t in rows])
+        layout.mark(width + steps, feeding, [len(t) - 1 + steps for t in rows])
         drafting = [f and len(d) < k for f, d, k in zip(feeding, drafts, ks, strict=True)]
         if not any(drafting):
             break
-        out = drafter.step_batch(joined, feed, width + steps, torch.tensor(drafting))
+        history = [torch.tensor(t + d) for t, d in zip(rows, drafts, strict=True)]
+        out = drafter.step(joined, feed, width + steps, drafting, history).logits
         for j, on in enumerate(drafting):
             feed[j] = int(out[j].argmax()) if on else 0
             if on:
                 drafts[j].append(int(feed[j]))
                 logits[j].append(out[j])
         feeding, steps = drafting, steps + 1
-    hidden = drafter.finish_batch(joined, feed, width + steps)
+    hidden = drafter.finish(joined, feed, width + steps)
     drafter.part(joined, states, [k + 1 for k in ks], hidden)
     return drafts, logits
 
@@ -105,8 +114,7 @@ def test_joined_rounds_draft_what_each_request_drafts_alone(family, head, lag, t
             behind = []
             for tokens, state in zip(rows, together, strict=True):
                 cut = len(tokens) - 1 - rng.randrange(min(4, len(tokens)))
-                state.cache.crop(cut)
-                drafter.rollback(state, cut)
+                _cut(drafter, state, cut)
                 behind.append(tokens[cut : len(tokens) - 1])
             assert any(behind) and len({len(b) for b in behind}) > 1
         got, got_logits = _joined(drafter, together, rows, ks, behind)
@@ -119,14 +127,12 @@ def test_joined_rounds_draft_what_each_request_drafts_alone(family, head, lag, t
             kept = rng.randrange(ks[j] + 1)
             tokens.extend(want[:kept] + [rng.randrange(3, 97)])
             for state in (together[j], alone[j]):
-                state.cache.crop(len(tokens) - 1)
-                drafter.rollback(state, len(tokens) - 1)
+                _cut(drafter, state, len(tokens) - 1)
         if round_ == 1:  # a request that drafts alone between joined rounds
             _solo(drafter, together[0], rows[0], 2)
             _solo(drafter, alone[0], rows[0], 2)
             for state in (together[0], alone[0]):
-                state.cache.crop(len(rows[0]) - 1)
-                drafter.rollback(state, len(rows[0]) - 1)
+                _cut(drafter, state, len(rows[0]) - 1)
 
 
 def test_top_input_heads_join_with_their_top_states_laid_out_by_slot(tmp_path) -> None:  # noqa: ANN001
@@ -140,11 +146,10 @@ def test_top_input_heads_join_with_their_top_states_laid_out_by_slot(tmp_path) -
         drafter.join([short, long], extra=2)  # a state must hold the tops of its cached positions
     for state in (short, long):
         n = state.cache.lengths[0]
-        state.tops = torch.randn(n + 3, adapter.hidden_size, dtype=torch.float64)
-        state.top_count = n
+        state.tops = torch.randn(1, n + 3, adapter.hidden_size, dtype=torch.float64)  # by slot
     joined = drafter.join([short, long], extra=2)
     width = joined.layout.slots
     for row, state in enumerate((short, long)):
         n = state.cache.lengths[0]
-        assert torch.equal(joined.tops[row, width - n : width], state.tops[:n])
+        assert torch.equal(joined.tops[row, width - n : width], state.tops[0, :n])
         assert not joined.tops[row, : width - n].any()

@@ -8,7 +8,7 @@ from eesd_prompt_lookup import PromptLookupOptions, find_continuation
 
 from eesd_core import SpeculativeDecoder
 from eesd_core.errors import EESDError
-from eesd_core.protocols import DraftStep
+from eesd_core.protocols import Confidence, DraftStep
 from eesd_core.testing import DrafterContract, Setup, ToyModel, installed, registered
 
 
@@ -59,15 +59,16 @@ class _Script:
         self.rounds: list[list[DraftStep]] = []
 
     def start(self, request: object) -> None:
-        pass
+        return None
 
-    def should_continue(self, step: DraftStep) -> bool:
-        if step.index == 0:
-            self.rounds.append([])
+    def begin_round(self, state: None, round: object) -> None:
+        self.rounds.append([])
+
+    def should_continue(self, state: None, step: DraftStep) -> bool:
         self.rounds[-1].append(step)
         return self.answers.pop(0) if self.answers else True
 
-    def update(self, outcome: object) -> None:
+    def update(self, state: None, outcomes: object) -> None:
         pass
 
 
@@ -78,9 +79,9 @@ class _Recorder:
         self.inner = registered("verifier", "lossless")()
         self.seen: list[tuple[list[int], object]] = []
 
-    def verify(self, draft_tokens, q, p, rng):  # noqa: ANN001, ANN201
-        self.seen.append((draft_tokens.tolist(), q))
-        return self.inner.verify(draft_tokens, q, p, rng)
+    def verify(self, drafts, qs, p, rngs):  # noqa: ANN001, ANN201
+        self.seen.extend((d.tolist(), q) for d, q in zip(drafts, qs, strict=True))
+        return self.inner.verify(drafts, qs, p, rngs)
 
 
 def _first_round(history: list[int], answers: list[bool], cap: int = 8) -> tuple[list[int], list[DraftStep]]:
@@ -105,8 +106,7 @@ def _first_round(history: list[int], answers: list[bool], cap: int = 8) -> tuple
     assert recorder.seen[0] == ([], None)  # the prefill's draw
     drafts, q = recorder.seen[1]
     assert q is None and [s.token for s in steps[1:]] == drafts[: len(steps) - 1]
-    assert first.drafted == len(drafts) and first.probs == (1.0,) * len(drafts)
-    assert first.top1 == (1.0,) * len(drafts) and first.entropies == (0.0,) * len(drafts)
+    assert first.drafted == len(drafts) and first.confidences == (Confidence(1.0, 1.0, 0.0),) * len(drafts)
     return drafts, steps
 
 
@@ -114,7 +114,7 @@ def test_asks_before_the_first_draft_and_after_each() -> None:
     drafts, steps = _first_round([5, 6, 7, 8, 9, 5, 6, 7], [True, True, False])
     assert drafts == [8, 9]
     assert [s.index for s in steps] == [0, 1, 2]
-    assert steps[1].token == 8 and steps[1].prob == 1.0 and steps[1].entropy == 0.0
+    assert steps[1].token == 8 and steps[1].confidence == Confidence(1.0, 1.0, 0.0)
 
 
 def test_a_plain_step_when_the_controller_declines() -> None:

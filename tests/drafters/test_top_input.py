@@ -151,11 +151,11 @@ def _reference_q(model, head, tokens: list[int], position: int, drafts: list[int
     cache = head.new_cache()
     with torch.no_grad():
         out = head.hidden(lower[:, : position + 1], 0, cache, None, previous[:, : position + 1])[:, -1:]
-        rows = [process_logits(head.logits(out), sampling)[0]]
+        rows = [process_logits(head.logits(out)[0], sampling)[0]]
         for j in range(1, len(drafts)):
             stand_in = head.top_state(out)
             out = head.hidden(lower[:, position + j : position + j + 1], position + j, cache, None, stand_in)
-            rows.append(process_logits(head.logits(out), sampling)[0])
+            rows.append(process_logits(head.logits(out)[0], sampling)[0])
     return torch.stack(rows)
 
 
@@ -169,23 +169,28 @@ class Pattern:
     def start(self, request) -> None:
         self.round = 0
 
-    def should_continue(self, step) -> bool:
+    def begin_round(self, state, round) -> None:
+        pass
+
+    def should_continue(self, state, step) -> bool:
         return step.index < self.ks[self.round % len(self.ks)]
 
-    def update(self, outcome) -> None:
+    def update(self, state, outcomes) -> None:
         self.round += 1
-        self.positions.append(outcome.position)
+        self.positions.extend(outcome.position for outcome in outcomes)
 
 
 class Withholding(Pattern):
     """The same pattern, taking back every third draft it is asked to keep (the engine then
     verifies the drafts before it), so the caches must stay right after withdrawals too."""
 
+    withdraws = True
+
     def __init__(self, ks: list[int]) -> None:
         super().__init__(ks)
         self.asked = 0
 
-    def keep(self, step) -> bool:
+    def keep(self, state, step) -> bool:
         self.asked += 1
         return self.asked % 3 != 0
 
@@ -196,9 +201,9 @@ class Recorder:
     def __init__(self, inner) -> None:
         self.inner, self.seen = inner, []
 
-    def verify(self, draft_tokens, q, p, rng):
-        self.seen.append((draft_tokens.tolist(), q))
-        return self.inner.verify(draft_tokens, q, p, rng)
+    def verify(self, drafts, qs, p, rngs):
+        self.seen.extend((d.tolist(), q) for d, q in zip(drafts, qs, strict=True))
+        return self.inner.verify(drafts, qs, p, rngs)
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,7 @@ PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12, 13], [14, 15, 16, 17, 18]]
 def _alone(adapter, tokens: list[int]) -> torch.Tensor:
     """The last-layer states of ``tokens`` run as one sequence. # [T, H]"""
     cache = adapter.new_cache()
-    return adapter.run_layers(adapter.embed(torch.tensor(tokens)), 0, adapter.num_layers, cache, 0)[0]
+    return adapter.run(adapter.embed(torch.tensor(tokens)), 0, adapter.num_layers, cache, 0)[0]
 
 
 def _left_padded(prompts: list[list[int]], total: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -46,16 +46,14 @@ def test_prefill_and_steps_of_a_padded_batch_equal_each_row_alone(family: str, o
     ids, positions, valid = _left_padded(PROMPTS, longest + len(steps[0]))
     cache = adapter.new_cache(capacity=4)
     with torch.no_grad():
-        out = adapter.run_batch(
-            adapter.embed(ids), 0, adapter.num_layers, cache, positions, valid[:, :longest]
-        )
+        out = adapter.run(adapter.embed(ids), 0, adapter.num_layers, cache, positions, valid[:, :longest])
         outs = [out]
         for t in range(len(steps[0])):
             token = torch.tensor([[row[t]] for row in steps])
             positions = positions[:, -1:] + 1
             valid[:, longest + t] = True
             outs.append(
-                adapter.run_batch(
+                adapter.run(
                     adapter.embed(token), 0, adapter.num_layers, cache, positions, valid[:, : longest + t + 1]
                 )
             )
@@ -78,13 +76,11 @@ def test_a_gap_in_a_rows_cache_is_skipped(family: str, overrides: dict) -> None:
     with torch.no_grad():
         ids = torch.tensor([prompt + [rejected]] * 2)
         positions = torch.arange(len(ids[0])).expand(2, -1)
-        adapter.run_batch(
-            adapter.embed(ids), 0, adapter.num_layers, cache, positions, valid[:, : len(ids[0])]
-        )
+        adapter.run(adapter.embed(ids), 0, adapter.num_layers, cache, positions, valid[:, : len(ids[0])])
         valid[0, len(prompt)] = False
         ids = torch.tensor([after, after])
         positions = torch.stack([torch.arange(4, 7), torch.arange(5, 8)])
-        out = adapter.run_batch(adapter.embed(ids), 0, adapter.num_layers, cache, positions, valid)
+        out = adapter.run(adapter.embed(ids), 0, adapter.num_layers, cache, positions, valid)
         torch.testing.assert_close(out[0], _alone(adapter, prompt + after)[len(prompt) :], rtol=0, atol=1e-12)
         torch.testing.assert_close(
             out[1], _alone(adapter, prompt + [rejected] + after)[len(prompt) + 1 :], rtol=0, atol=1e-12
@@ -106,9 +102,9 @@ def test_distillation_capture_equals_one_sequence_at_a_time(family: str, overrid
         with torch.no_grad():
             x = adapter.embed(torch.tensor(tokens[:-1]))
             cache = adapter.new_cache()
-            low = adapter.run_layers(x, 0, 2, cache, 0)
-            top = adapter.run_layers(low, 2, adapter.num_layers, cache, 0)
-            logits = adapter.logits(adapter.norm(top))
+            low = adapter.run(x, 0, 2, cache, 0)
+            top = adapter.run(low, 2, adapter.num_layers, cache, 0)
+            logits = adapter.logits(adapter.norm(top))[0]
         assert tokens[len(prompt) :] == logits[len(prompt) - 1 :].argmax(-1).tolist()
         torch.testing.assert_close(sample.hidden.double(), low[0], rtol=1e-3, atol=1e-2)
         torch.testing.assert_close(sample.layers[adapter.num_layers].double(), top[0], rtol=1e-3, atol=1e-2)
@@ -141,14 +137,14 @@ def test_a_ragged_pass_multiplies_only_the_positions_that_count(
         return linear(x, w, b)
 
     with torch.no_grad(), mock.patch.object(torch.nn.functional, "linear", counting):
-        adapter.run_batch(adapter.embed(ids), 0, adapter.num_layers, cache, positions, valid[:, :longest])
+        adapter.run(adapter.embed(ids), 0, adapter.num_layers, cache, positions, valid[:, :longest])
         step = torch.zeros(len(fed), m, dtype=torch.long)
         for b, tokens in enumerate(fed):
             step[b, : len(tokens)] = torch.tensor(tokens)
             valid[b, longest : longest + len(tokens)] = True
         where = positions[:, -1:] + 1 + torch.arange(m)
         rows_seen.clear()
-        out = adapter.run_batch(adapter.embed(step), 0, adapter.num_layers, cache, where, valid)
+        out = adapter.run(adapter.embed(step), 0, adapter.num_layers, cache, where, valid)
     assert rows_seen and set(rows_seen) == {sum(map(len, fed)) if skip else len(fed) * m}
     for b, prompt in enumerate(PROMPTS):
         alone = _alone(adapter, prompt + fed[b])

@@ -14,7 +14,7 @@ from tinymodels import make_tiny
 from eesd_core import SpeculativeDecoder
 from eesd_core.errors import UnsupportedModelError
 from eesd_core.models import find_adapter
-from eesd_core.models.gemma3 import Gemma3Adapter
+from eesd_gemma3.adapter import Gemma3Adapter
 from eesd_core.protocols import SamplingParams
 from eesd_core.testing.hf import first_tokens_distribution
 from eesd_core.testing.kit import Setup
@@ -52,9 +52,9 @@ def test_a_pass_equals_the_models_forward(overrides: dict) -> None:
     assert not torch.equal(rotary["sliding_attention"][0], rotary["full_attention"][0])
     with torch.no_grad():
         cache = adapter.new_cache()
-        low = adapter.run_layers(x[:, :6], 0, 2, cache, 0, adapter.rotary(x[:, :6], 0))
-        first = adapter.logits(adapter.norm(adapter.run_layers(low, 2, 4, cache, 0)))
-        rest = adapter.logits(adapter.norm(adapter.run_layers(x[:, 6:], 0, 4, cache, 6)))
+        low = adapter.run(x[:, :6], 0, 2, cache, 0, None, adapter.rotary(x[:, :6], 0))
+        first = adapter.logits(adapter.norm(adapter.run(low, 2, 4, cache, 0)))[0]
+        rest = adapter.logits(adapter.norm(adapter.run(x[:, 6:], 0, 4, cache, 6)))[0]
         expected = model(ids).logits[0]
     torch.testing.assert_close(torch.cat([first, rest]), expected, rtol=0, atol=1e-12)
     if overrides:
@@ -103,7 +103,7 @@ def test_sampled_generations_follow_the_target_exactly() -> None:
 def _truncated(adapter, tokens: torch.Tensor, layers: int) -> torch.Tensor:  # noqa: ANN001
     """Logits of the target cut after ``layers`` layers, its own norm and head on top. # [T, V]"""
     cache = adapter.new_cache()
-    return adapter.logits(adapter.norm(adapter.run_layers(adapter.embed(tokens), 0, layers, cache, 0)))
+    return adapter.logits(adapter.norm(adapter.run(adapter.embed(tokens), 0, layers, cache, 0)))[0]
 
 
 @pytest.mark.parametrize("source", [2, 3], ids=["sliding", "global"])
@@ -115,10 +115,10 @@ def test_an_exit_head_copied_from_a_layer_runs_as_that_layer(source: int) -> Non
     tokens = _prompt(9, 3)[0]
     expected = _truncated(adapter, tokens, source + 1)
     with torch.no_grad():
-        lower = adapter.run_layers(adapter.embed(tokens), 0, source, adapter.new_cache(), 0)
-        whole = head.logits(head.hidden(lower, 0, head.new_cache(), None))
+        lower = adapter.run(adapter.embed(tokens), 0, source, adapter.new_cache(), 0)
+        whole = head.logits(head.hidden(lower, 0, head.new_cache(), None))[0]
         cache = head.new_cache()
-        steps = [head.logits(head.hidden(lower[:, t : t + 1], t, cache, None)) for t in range(len(tokens))]
+        steps = [head.logits(head.hidden(lower[:, t : t + 1], t, cache, None))[0] for t in range(len(tokens))]
     torch.testing.assert_close(whole, expected, rtol=0, atol=1e-12)
     torch.testing.assert_close(torch.cat(steps), expected, rtol=0, atol=1e-12)
 

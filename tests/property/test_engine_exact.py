@@ -14,8 +14,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eesd_core.generation import Generation
 from eesd_core.protocols import SamplingParams
+from eesd_core.round import Generation
 from eesd_core.testing import strategies as es
 from eesd_core.testing.checks import check_greedy, check_lossless, check_lossless_batch
 from eesd_core.testing.controllers import ErraticController, always
@@ -79,8 +79,11 @@ def test_a_longer_horizon_with_many_drafts():
 
 
 def test_an_engine_that_forgets_to_roll_back_is_caught(monkeypatch):
-    def rollback(self, length):
-        self.cache.crop(length, start=self.decoder.drafter.shared_layers)  # [0, N) keep rejected drafts
+    def rollback(self, upto):
+        self.layout.keep(self.layout.slots, upto)
+        self.cache.crop(
+            self.layout.slots, start=self.parts.drafter.shared_layers
+        )  # [0, N) keep rejected drafts
 
     monkeypatch.setattr(Generation, "_rollback", rollback)
     model = ToyModel(torch.tensor([[1.0, 2.0], [3.0, 1.0], [1.0, 1.0]]), torch.ones(3, 2), window=1)
@@ -92,7 +95,7 @@ def test_a_controller_with_its_own_unseeded_randomness_is_reported():
     entropy = random.SystemRandom()
 
     class Moody(ErraticController):
-        def should_continue(self, step):
+        def should_continue(self, state, step):
             return entropy.random() < 0.5
 
     model = ToyModel(torch.tensor([[1.0, 2.0]]), torch.tensor([[2.0, 1.0]]), window=0)

@@ -11,7 +11,7 @@ from tinymodels import make_tiny
 
 from eesd_core import SpeculativeDecoder, hookimpl
 from eesd_core.errors import NumericalError, PluginFault
-from eesd_core.protocols import Draft
+from eesd_core.protocols import Draft, IndependentDrafter
 from eesd_core.registry import get_manager, reset_manager
 
 
@@ -20,12 +20,15 @@ class _Controller:
         self.decide = decide
 
     def start(self, request) -> None:  # noqa: ANN001
+        return None
+
+    def begin_round(self, state, round) -> None:  # noqa: ANN001
         pass
 
-    def should_continue(self, step):  # noqa: ANN001, ANN201
+    def should_continue(self, state, step):  # noqa: ANN001, ANN201
         return self.decide(step)
 
-    def update(self, outcome) -> None:  # noqa: ANN001
+    def update(self, state, outcomes) -> None:  # noqa: ANN001
         pass
 
 
@@ -45,26 +48,26 @@ class _BadDrafter(EarlyExitDrafter):
 
     mode = "vocab"
 
-    def step(self, state, token, position, history):  # noqa: ANN001, ANN201
-        draft = super().step(state, token, position, history)
+    def step(self, state, tokens, slot, drafting, history):  # noqa: ANN001, ANN201
+        draft = super().step(state, tokens, slot, drafting, history)
         if self.mode == "vocab":
-            return Draft(tokens=(self.adapter.vocab_size + 10_000,))
+            return Draft(tokens=((self.adapter.vocab_size + 10_000,),) * len(drafting))
         if self.mode == "logits":
-            return Draft(logits=draft.logits[:-1])
+            return Draft(logits=draft.logits[:, :-1])
         if self.mode == "type":
             return "not a draft"
         return draft
 
-    def finish(self, state, token, position):  # noqa: ANN001, ANN201
-        hidden = super().finish(state, token, position)
+    def finish(self, state, tokens, slot):  # noqa: ANN001, ANN201
+        hidden = super().finish(state, tokens, slot)
         return hidden[:, :-1] if self.mode == "hidden" else hidden
 
 
 class _GreedyVerifier:
     """Claims one token more than was drafted (but draws the prefill's token honestly)."""
 
-    def verify(self, draft_tokens, q, p, rng):  # noqa: ANN001, ANN201
-        return len(draft_tokens) + (len(draft_tokens) > 0), 3
+    def verify(self, drafts, qs, p, rngs):  # noqa: ANN001, ANN201
+        return [(len(d) + (len(d) > 0), 3) for d in drafts]
 
 
 class _Plugin:
@@ -102,10 +105,13 @@ def _still_usable(dec: SpeculativeDecoder, model) -> None:  # noqa: ANN001
     assert good.generate(ids, max_new_tokens=4).sequences.shape == (1, 7)
 
 
-@pytest.mark.parametrize("name, message", [
-    ("raises", "controller 'raises' raised RuntimeError: boom"),
-    ("non_bool", "controller 'non_bool' returned 'yes'"),
-])
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("raises", "controller 'raises' raised RuntimeError: boom"),
+        ("non_bool", "controller 'non_bool' returned 'yes'"),
+    ],
+)
 def test_faulty_controller_is_named(model, name: str, message: str) -> None:
     dec = SpeculativeDecoder(model, drafter="early_exit", drafter_options={"exit_layer": 2}, controller=name)
     for _ in range(2):
@@ -115,25 +121,35 @@ def test_faulty_controller_is_named(model, name: str, message: str) -> None:
 
 
 def test_controller_that_never_stops_is_capped(model) -> None:
-    dec = SpeculativeDecoder(model, drafter="early_exit", drafter_options={"exit_layer": 2},
-                             controller="never_stops", max_draft_tokens=5)
-    expected = model.generate(torch.tensor([[4, 5, 6]]), max_new_tokens=20, do_sample=False,
-                              eos_token_id=None, pad_token_id=0)
+    dec = SpeculativeDecoder(
+        model,
+        drafter="early_exit",
+        drafter_options={"exit_layer": 2},
+        controller="never_stops",
+        max_draft_tokens=5,
+    )
+    expected = model.generate(
+        torch.tensor([[4, 5, 6]]), max_new_tokens=20, do_sample=False, eos_token_id=None, pad_token_id=0
+    )
     out = dec.generate([4, 5, 6], max_new_tokens=20, eos_token_id=[])
     assert torch.equal(out.sequences, expected)
     assert max(len(out.stats.drafted_by_position), 0) <= 5
 
 
-@pytest.mark.parametrize("mode, message", [
-    ("vocab", "drafter 'bad_drafter' proposed tokens outside"),
-    ("logits", "drafter 'bad_drafter' returned draft logits of shape"),
-    ("hidden", "drafter 'bad_drafter' returned hidden states of shape"),
-    ("type", "drafter 'bad_drafter' returned str from step"),
-])
+@pytest.mark.parametrize(
+    "mode, message",
+    [
+        ("vocab", "drafter 'bad_drafter' proposed tokens outside"),
+        ("logits", "drafter 'bad_drafter' returned draft logits of shape"),
+        ("hidden", "drafter 'bad_drafter' returned hidden states of shape"),
+        ("type", "drafter 'bad_drafter' returned str from step"),
+    ],
+)
 def test_faulty_drafter_is_named(model, mode: str, message: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_BadDrafter, "mode", mode)
-    dec = SpeculativeDecoder(model, drafter="bad_drafter", controller="fixed", controller_options={"k": 3},
-                             max_draft_tokens=5)
+    dec = SpeculativeDecoder(
+        model, drafter="bad_drafter", controller="fixed", controller_options={"k": 3}, max_draft_tokens=5
+    )
     # No end-of-sequence token: a sampled EOS from the prefill would end the run before any draft.
     with pytest.raises(PluginFault, match=message):
         dec.generate([4, 5, 6], max_new_tokens=10, temperature=1.0, seed=0, eos_token_id=[])
@@ -141,8 +157,13 @@ def test_faulty_drafter_is_named(model, mode: str, message: str, monkeypatch: py
 
 
 def test_verifier_accepting_more_than_drafted_is_named(model) -> None:
-    dec = SpeculativeDecoder(model, drafter="early_exit", drafter_options={"exit_layer": 2},
-                             controller="fixed", verifier="overeager")
+    dec = SpeculativeDecoder(
+        model,
+        drafter="early_exit",
+        drafter_options={"exit_layer": 2},
+        controller="fixed",
+        verifier="overeager",
+    )
     with pytest.raises(PluginFault, match="verifier 'overeager' accepted 5 tokens out of 4"):
         dec.generate([4, 5, 6], max_new_tokens=10)
 
@@ -159,13 +180,16 @@ def test_nan_or_inf_logits_are_reported_not_sampled(bad: float) -> None:
         dec.generate([4, 5, 6], max_new_tokens=5, temperature=1.0, seed=0)
 
 
-class _AsksForTopStates:
+class _AsksForTopStates(IndependentDrafter):
     """A drafter that does not say whether it reads the target's top states."""
 
-    shared_layers = 0
+    reads_top_states = None
 
     def attach(self, adapter):  # noqa: ANN001, ANN201
         pass
+
+    def describe(self) -> str:
+        return "asks"
 
 
 class _AsksPlugin:
@@ -183,19 +207,25 @@ def test_drafter_missing_a_protocol_member_is_named(model) -> None:
 class _ShortBatchVerifier:
     """Verifies a batch round but answers one row too few."""
 
-    def verify(self, draft_tokens, q, p, rng):  # noqa: ANN001, ANN201
-        return 0, int(p[0].argmax())
-
-    def verify_batch(self, drafts, qs, p, rngs):  # noqa: ANN001, ANN201
-        return [self.verify(d, None, p[b], None) for b, d in enumerate(drafts)][1:]
+    def verify(self, drafts, qs, p, rngs):  # noqa: ANN001, ANN201
+        return [(0, int(p[b, 0].argmax())) for b in range(len(drafts))][1:]
 
 
 def test_verifier_answering_too_few_rows_of_a_batch_is_named(model) -> None:
     get_manager().register(
-        type("_Short", (), {"eesd_register_verifiers": hookimpl(
-            lambda self, register: register.add("short_batch", _ShortBatchVerifier))})(),
+        type(
+            "_Short",
+            (),
+            {
+                "eesd_register_verifiers": hookimpl(
+                    lambda self, register: register.add("short_batch", _ShortBatchVerifier)
+                )
+            },
+        )(),
         "short-batch-verifier",
     )
     dec = SpeculativeDecoder(model, drafter=None, verifier="short_batch")
-    with pytest.raises(PluginFault, match="verifier 'short_batch' returned .* from verify_batch"):
+    with pytest.raises(
+        PluginFault, match=r"verifier 'short_batch' returned .* from verify\(\), not an \(n, token\) per row"
+    ):
         dec.generate([[4, 5, 6], [7, 8]], max_new_tokens=4)

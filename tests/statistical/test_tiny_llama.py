@@ -61,8 +61,8 @@ def assert_follows_the_target(samples, model, sampling):
     assert_same_distribution([s[:2] for s in samples], pairs, FALSE_FAIL_RATE / 2, what="first pair")
 
 
-@pytest.mark.parametrize("matmul", ["standard", "transposed"])
-def test_exact_on_a_tiny_llama(matmul):
+@pytest.mark.parametrize("products", ["standard", "transposed"])
+def test_exact_on_a_tiny_llama(products):
     model = tiny_llama(vocab_size=8)
     setup = Setup(
         model,
@@ -70,7 +70,7 @@ def test_exact_on_a_tiny_llama(matmul):
         drafter_options=EARLY_EXIT,
         controller="fixed",
         max_draft_tokens=2,
-        adapter_options={"matmul": matmul},
+        adapter_options={"products": products},
     )
     sampling = SamplingParams(1.0, top_k=3)
     actual = engine_distribution(setup, PROMPT, 4, sampling)
@@ -99,11 +99,16 @@ def test_the_sampling_test_sees_a_lossy_verifier(monkeypatch):
     the test must notice."""
     from eesd_lossless import LosslessVerifier
 
-    def lossy(self, draft_tokens, q, p, rng):
+    def lossy_row(draft_tokens, q, p, rng):
         for i, draft in enumerate(draft_tokens.tolist()):
             if not rng.bernoulli(min(1.0, float(p[i, draft] / q[i, draft]))):
                 return i, rng.categorical(p[i])
         return len(draft_tokens), rng.categorical(p[len(draft_tokens)])
+
+    def lossy(self, drafts, qs, p, rngs):
+        return [
+            lossy_row(d, q, p[b], rng) for b, (d, q, rng) in enumerate(zip(drafts, qs, rngs, strict=True))
+        ]
 
     monkeypatch.setattr(LosslessVerifier, "verify", lossy)
     model = tiny_llama()

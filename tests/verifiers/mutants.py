@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import torch
-from eesd_lossless.verifier import LosslessVerifier, _draw, _one_hot
+from eesd_lossless.verifier import _draw, _one_hot
 
 from eesd_core.sampling import residual
 
 
-class Unmutated(LosslessVerifier):
+class Unmutated:
     """The lossless verifier rewritten with one seam per mutation."""
 
     def ratio(self, target: float, proposed: float) -> float:
@@ -20,7 +20,11 @@ class Unmutated(LosslessVerifier):
     def bonus_row(self, k: int) -> int:
         return k
 
-    def verify(self, draft_tokens, q, p, rng):
+    def verify(self, drafts, qs, p, rngs):
+        rows = zip(drafts, qs, rngs, strict=True)
+        return [self.verify_row(d, q, p[b, : len(d) + 1], rng) for b, (d, q, rng) in enumerate(rows)]
+
+    def verify_row(self, draft_tokens, q, p, rng):
         for i, draft in enumerate(draft_tokens.tolist()):
             target, proposed = float(p[i, draft]), 1.0 if q is None else float(q[i, draft])
             if proposed > 0 and rng.bernoulli(self.ratio(target, proposed)):

@@ -69,8 +69,8 @@ def test_greedy_ties_go_to_the_first_maximum_without_randomness():
     """Tied logits: p is one-hot on the first maximum, so only that draft is accepted."""
     p = process_logits(torch.tensor([[2.0, 2.0, 0.0], [0.0, 1.0, 1.0]]), SamplingParams(0.0))
     verifier = LosslessVerifier()
-    assert verifier.verify(torch.tensor([1]), None, p, NoRandom()) == (0, 0)
-    assert verifier.verify(torch.tensor([0]), None, p, NoRandom()) == (1, 1)
+    assert verifier.verify([torch.tensor([1])], [None], p[None], [NoRandom()]) == [(0, 0)]
+    assert verifier.verify([torch.tensor([0])], [None], p[None], [NoRandom()]) == [(1, 1)]
 
 
 def test_minus_infinity_logits_are_never_emitted():
@@ -95,7 +95,9 @@ def test_randomness_comes_only_from_the_source(step):
     """The global Python and torch generators are untouched; answers are plain ints."""
     drafts, q, p = step
     torch_state, python_state = torch.get_rng_state(), random.getstate()
-    n, token = LosslessVerifier().verify(torch.tensor(drafts, dtype=torch.long), q, p, EnumeratingRandom())
+    [(n, token)] = LosslessVerifier().verify(
+        [torch.tensor(drafts, dtype=torch.long)], [q], p[None], [EnumeratingRandom()]
+    )
     assert type(n) is int and type(token) is int and 0 <= n <= len(drafts)
     assert torch.equal(torch.get_rng_state(), torch_state) and random.getstate() == python_state
 
@@ -123,46 +125,34 @@ def _batch_case() -> tuple[list[list[int]], list, torch.Tensor, list]:
     return [[1, 4], [2], []], [q, None, None], p, uniforms
 
 
-def test_verify_batch_answers_as_verify_does_row_by_row() -> None:
+def test_rows_verified_together_answer_as_each_alone() -> None:
     from eesd_core.testing.checks import check_verify_batch
 
     drafts, qs, p, uniforms = _batch_case()
     check_verify_batch(LosslessVerifier(), drafts, qs, p, uniforms)
 
 
-def test_a_verify_batch_that_mixes_up_rows_is_reported() -> None:
+def test_a_verifier_that_mixes_up_rows_is_reported() -> None:
     """The kit's check catches a batch path that answers a row with another row's p."""
     from eesd_core.testing.checks import check_verify_batch
     from eesd_core.testing.errors import DistributionMismatch
 
     class Shifted(LosslessVerifier):
-        def verify_batch(self, drafts, qs, p, rngs):  # noqa: ANN001, ANN202
-            return super().verify_batch(drafts, qs, p.roll(1, dims=0), rngs)
+        def verify(self, drafts, qs, p, rngs):  # noqa: ANN001, ANN202
+            return super().verify(drafts, qs, p.roll(1, dims=0) if len(drafts) > 1 else p, rngs)
 
     drafts, qs, p, uniforms = _batch_case()
     try:
         check_verify_batch(Shifted(), drafts, qs, p, uniforms)
     except DistributionMismatch as exc:
-        assert "verify_batch returned" in str(exc)
+        assert "together returned" in str(exc)
     else:
-        raise AssertionError("a verify_batch reading the wrong rows passed the check")
+        raise AssertionError("a verifier reading the wrong rows passed the check")
 
 
-def test_a_subclass_that_changes_verify_is_followed_in_batches() -> None:
-    """Overriding ``verify`` alone must not leave the batch path on the inherited rule."""
-
-    class Stubborn(LosslessVerifier):
-        def verify(self, draft_tokens, q, p, rng):  # noqa: ANN001, ANN202
-            return 0, 1
-
-    drafts, qs, p, _ = _batch_case()
-    rows = [torch.tensor(d, dtype=torch.long) for d in drafts]
-    assert Stubborn().verify_batch(rows, qs, p, [NoRandom()] * 3) == [(0, 1)] * 3
-
-
-def test_a_verifier_without_verify_batch_decodes_batches_alike() -> None:
-    """The engine verifies row by row when a verifier has only ``verify``: same tokens, greedy
-    and sampled with a seed."""
+def test_a_verifier_written_row_by_row_decodes_batches_alike() -> None:
+    """A verifier that verifies one row at a time decodes a batch as the lossless verifier does:
+    same tokens, greedy and sampled with a seed."""
     from tinymodels import make_tiny
 
     from eesd_core import SpeculativeDecoder
@@ -171,9 +161,10 @@ def test_a_verifier_without_verify_batch_decodes_batches_alike() -> None:
         def __init__(self) -> None:
             self.inner, self.calls = LosslessVerifier(), 0
 
-        def verify(self, draft_tokens, q, p, rng):  # noqa: ANN001, ANN202
-            self.calls += 1
-            return self.inner.verify(draft_tokens, q, p, rng)
+        def verify(self, drafts, qs, p, rngs):  # noqa: ANN001, ANN202
+            self.calls += len(drafts)
+            rows = zip(drafts, qs, rngs, strict=True)
+            return [self.inner.verify([d], [q], p[b : b + 1], [r])[0] for b, (d, q, r) in enumerate(rows)]
 
     model = make_tiny("llama", 2, layers=4)
     prompts = [[5, 6, 7, 8, 9], [11, 12], [20, 21, 22]]

@@ -57,7 +57,9 @@ def transformers_decision(p_logits, q_logits, drafts, accept, sample):
 def test_same_decisions_as_transformers(case):
     p_logits, q_logits, drafts, accept, sample = case
     p, q = p_logits.softmax(-1), q_logits.softmax(-1)
-    ours = LosslessVerifier().verify(torch.tensor(drafts), q, p, ScriptedRandom(accept, [sample]))
+    [ours] = LosslessVerifier().verify(
+        [torch.tensor(drafts)], [q], p[None], [ScriptedRandom(accept, [sample])]
+    )
     assert ours == transformers_decision(p_logits, q_logits, drafts, accept, sample)
 
 
@@ -65,5 +67,5 @@ def test_acceptance_at_equality_follows_transformers():
     """r = p/q exactly: transformers accepts (``<=``); so does the scripted source."""
     p = torch.tensor([[0.25, 0.75], [0.5, 0.5]], dtype=torch.float64)
     q = torch.tensor([[0.5, 0.5]], dtype=torch.float64)
-    ours = LosslessVerifier().verify(torch.tensor([0]), q, p, ScriptedRandom([0.5], [0.9]))
+    [ours] = LosslessVerifier().verify([torch.tensor([0])], [q], p[None], [ScriptedRandom([0.5], [0.9])])
     assert ours == transformers_decision(p.log(), q.log(), [0], [0.5], 0.9) == (1, 1)

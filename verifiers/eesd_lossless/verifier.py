@@ -6,7 +6,7 @@ bonus token from p_k. The committed tokens then follow p exactly (Leviathan et a
 2023). A deterministic drafter passes ``q=None``: q_i is one-hot on d_i. At temperature 0 p and q are
 one-hot, so acceptance is ``d_i == argmax p_i`` and no randomness is drawn.
 
-Randomness comes only from the RandomSource: ``bernoulli(min(1, p_i(d_i) / q_i(d_i)))`` once per
+Each row draws only from its own RandomSource: ``bernoulli(min(1, p_i(d_i) / q_i(d_i)))`` once per
 draft, in order, until the first rejection (a certain outcome, 0 or 1, is still asked, so a source
 may count draws per draft as transformers does), then ``categorical`` for the emitted token unless
 its distribution has a single token. A draft with q_i(d_i) = 0, which sampling from q never
@@ -34,41 +34,15 @@ class LosslessVerifier:
 
     def verify(
         self,
-        draft_tokens: torch.Tensor,  # [k]
-        q: torch.Tensor | None,  # [k, V]
-        p: torch.Tensor,  # [k+1, V]
-        rng: RandomSource,
-    ) -> tuple[int, int]:
-        drafts = draft_tokens.tolist()
-        k = len(drafts)
-        if not k:  # a plain step: nothing to read but the token
-            return 0, _draw(p[0], rng)
-        # p_i(d_i) and q_i(d_i) of every draft in one read from the device
-        at = torch.arange(k, device=p.device), draft_tokens.to(p.device)
-        targets = p[at].tolist()
-        proposals = [1.0] * k if q is None else q[at[0], at[1].to(q.device)].tolist()
-        for i, draft in enumerate(drafts):
-            if proposals[i] > 0 and rng.bernoulli(min(1.0, targets[i] / proposals[i])):
-                continue
-            p_row = p[i]
-            q_row = _one_hot(draft, p_row) if q is None else q[i].to(p_row.dtype)
-            return i, _draw(residual(p_row, q_row), rng)
-        return k, _draw(p[k], rng)
-
-    def verify_batch(
-        self,
         drafts: Sequence[torch.Tensor],  # [k_b] each
         qs: Sequence[torch.Tensor | None],  # [k_b, V] each
         p: torch.Tensor,  # [B, m, V], m > every k_b
         rngs: Sequence[RandomSource],
     ) -> list[tuple[int, int]]:
-        """``verify`` for every row of a batch round, with one read from the device for all rows:
-        the argmax and support size of p where each row's bonus token would come from (p[b, k_b]),
-        p and q at each draft. Only a draw from a rejection's residual, or from a distribution of
-        more than one token (sampling), touches the device per row."""
-        if type(self).verify is not LosslessVerifier.verify:  # a subclass changed verify: follow it
-            rows = enumerate(zip(drafts, qs, rngs, strict=True))
-            return [self.verify(d, q, p[b, : len(d) + 1], rng) for b, (d, q, rng) in rows]
+        """Every row of a round with one read from the device for all rows: the argmax and
+        support size of p where each row's bonus token would come from (p[b, k_b]), p and q at
+        each draft. Only a draw from a rejection's residual, or from a distribution of more than
+        one token (sampling), touches the device per row."""
         rows, m = p.shape[0], p.shape[1]
         picked = torch.zeros(rows, m, dtype=torch.long, device=HOST)  # drafts are host ids
         for b, d in enumerate(drafts):

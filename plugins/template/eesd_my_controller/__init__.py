@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import Field
 
 from eesd_core import hookimpl
 from eesd_core.config import PluginOptions
-from eesd_core.protocols import DraftStep, Request, RoundOutcome
+from eesd_core.protocols import DraftStep, Request, RoundOutcome, RoundStart
 
 
 class MyOptions(PluginOptions):
@@ -22,12 +23,16 @@ class MyController:
         self.options = options or MyOptions()
 
     def start(self, request: Request) -> None:
+        return None  # this generation's state, handed back to every call below: none needed
+
+    def begin_round(self, state: None, round: RoundStart) -> None:
         pass
 
-    def should_continue(self, step: DraftStep) -> bool:
-        return step.index == 0 or (step.top1 or 0.0) >= self.options.min_top1
+    def should_continue(self, state: None, step: DraftStep) -> bool:
+        confidence = step.confidence
+        return step.index == 0 or (confidence is not None and confidence.top1 >= self.options.min_top1)
 
-    def update(self, outcome: RoundOutcome) -> None:
+    def update(self, state: None, outcomes: Sequence[RoundOutcome]) -> None:
         pass
 
 

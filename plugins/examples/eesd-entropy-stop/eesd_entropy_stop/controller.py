@@ -10,11 +10,13 @@ rises (stop earlier); when they accept more, it falls (draft longer).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from pydantic import Field
 
 from eesd_core.config import PluginOptions
-from eesd_core.protocols import DraftStep, Request, RoundOutcome
+from eesd_core.protocols import DraftStep, Request, RoundOutcome, RoundStart
 
 
 class EntropyStopOptions(PluginOptions):
@@ -33,24 +35,34 @@ def acceptance_bound(entropy: float, gamma: float) -> float:
     return 1.0 - math.sqrt(gamma * max(entropy, 0.0))
 
 
+@dataclass
+class Threshold:
+    """A generation's threshold: it starts where the options say and follows its rounds."""
+
+    value: float
+
+
 class EntropyStop:
     """Entropy-bound early draft stopping with a self-adjusting threshold."""
 
     def __init__(self, options: EntropyStopOptions | None = None) -> None:
         self.options = options or EntropyStopOptions()
-        self.threshold = self.options.threshold
 
-    def start(self, request: Request) -> None:
-        self.threshold = self.options.threshold
+    def start(self, request: Request) -> Threshold:
+        return Threshold(self.options.threshold)
 
-    def should_continue(self, step: DraftStep) -> bool:
-        if step.index == 0 or step.entropy is None or math.isnan(step.entropy):
+    def begin_round(self, state: Threshold, round: RoundStart) -> None:
+        pass
+
+    def should_continue(self, state: Threshold, step: DraftStep) -> bool:
+        entropy = None if step.confidence is None else step.confidence.entropy
+        if step.index == 0 or entropy is None or math.isnan(entropy):
             return True
-        return acceptance_bound(step.entropy, self.options.gamma) >= self.threshold
+        return acceptance_bound(entropy, self.options.gamma) >= state.value
 
-    def update(self, outcome: RoundOutcome) -> None:
-        if not outcome.drafted:
-            return
-        rate = outcome.accepted / outcome.drafted
-        moved = self.threshold + self.options.step * (self.options.target - rate)
-        self.threshold = min(1.0, max(0.0, moved))
+    def update(self, state: Threshold, outcomes: Sequence[RoundOutcome]) -> None:
+        for outcome in outcomes:
+            if outcome.drafted:
+                rate = outcome.accepted / outcome.drafted
+                moved = state.value + self.options.step * (self.options.target - rate)
+                state.value = min(1.0, max(0.0, moved))

@@ -6,9 +6,9 @@ import math
 
 import pytest
 from eesd_entropy_stop import EntropyStop, EntropyStopOptions
-from eesd_entropy_stop.controller import acceptance_bound
+from eesd_entropy_stop.controller import Threshold, acceptance_bound
 
-from eesd_core.protocols import Costs, DraftStep, RoundOutcome
+from eesd_core.protocols import Confidence, DraftStep, RoundOutcome
 from eesd_core.registry import get_manager, reset_manager
 from eesd_core.testing import ControllerContract, registered
 
@@ -20,7 +20,7 @@ class TestEntropyStopContract(ControllerContract):
 
 
 def step(entropy):
-    return DraftStep(index=1, max_draft_tokens=8, costs=Costs(), token=0, prob=0.5, top1=0.5, entropy=entropy)
+    return DraftStep(index=1, max_draft_tokens=8, token=0, confidence=Confidence(0.5, 0.5, entropy))
 
 
 def outcome(drafted, accepted):
@@ -31,9 +31,7 @@ def outcome(drafted, accepted):
         tokens=(0,) * (accepted + 1),
         draft_time=0.0,
         verify_time=0.0,
-        probs=(0.5,) * drafted,
-        top1=(0.5,) * drafted,
-        entropies=(1.0,) * drafted,
+        confidences=(Confidence(0.5, 0.5, 1.0),) * drafted,
     )
 
 
@@ -44,19 +42,21 @@ def test_the_bound():
 
 def test_confident_drafts_continue_and_uncertain_ones_stop():
     controller = EntropyStop(EntropyStopOptions(threshold=0.5))
-    assert controller.should_continue(DraftStep(index=0, max_draft_tokens=8, costs=Costs()))
-    assert controller.should_continue(step(0.1))
-    assert not controller.should_continue(step(math.log(8)))
+    state = Threshold(0.5)
+    assert controller.should_continue(state, DraftStep(index=0, max_draft_tokens=8))
+    assert controller.should_continue(state, step(0.1))
+    assert not controller.should_continue(state, step(math.log(8)))
 
 
 def test_the_threshold_follows_acceptance():
     controller = EntropyStop(EntropyStopOptions(threshold=0.5, target=0.5, step=0.1))
-    controller.update(outcome(4, 0))
-    assert controller.threshold == pytest.approx(0.55)
-    controller.update(outcome(4, 4))
-    assert controller.threshold == pytest.approx(0.5)
-    controller.update(outcome(0, 0))
-    assert controller.threshold == pytest.approx(0.5)
+    state = Threshold(0.5)
+    controller.update(state, [outcome(4, 0)])
+    assert state.value == pytest.approx(0.55)
+    controller.update(state, [outcome(4, 4)])
+    assert state.value == pytest.approx(0.5)
+    controller.update(state, [outcome(0, 0)])
+    assert state.value == pytest.approx(0.5)
 
 
 def test_found_through_its_own_entry_point():

@@ -1,18 +1,9 @@
 """Adapter for Gemma 3 text models (``Gemma3ForCausalLM``, model type ``gemma3_text``).
 
-What differs from the Llama family, all of it reproduced from transformers' own forward:
-
-* layers are of two kinds (``config.layer_types``): sliding-window layers and global ones, in a
-  repeating pattern; each kind has its own rotary embedding (``config.rope_parameters`` per kind:
-  base 10,000 for local layers and 1,000,000 for global ones by default, scaling on global ones
-  only), so :meth:`rotary` returns both, keyed by kind, and :meth:`call_layer` hands each layer
-  its own;
-* the embedding is scaled by sqrt(H) and the norms are RMSNorm with weight (1 + w), both inside
-  the model's own modules, which the adapter calls;
-* logits are soft-capped, ``cap * tanh(logits / cap)``, when ``final_logit_softcapping`` is set.
-
-Models with bidirectional attention (``use_bidirectional_attention``) are not causal LMs and are
-refused.
+What differs from the Llama family, as transformers' own forward does it: layers are of two kinds
+(``config.layer_types``), sliding-window and global, each with its own rotary embedding, so
+:meth:`rotary` returns both by kind and :meth:`call_layer` hands each layer its own; logits are
+soft-capped (``final_logit_softcapping``). Bidirectional models are not causal LMs and are refused.
 """
 
 from __future__ import annotations
@@ -26,7 +17,7 @@ from eesd_core.cache import KVCache
 from eesd_core.errors import UnsupportedModelError
 from eesd_core.models import AdapterOptions
 from eesd_core.models.base import DecoderAdapter
-from eesd_core.models.builtin import GEMMA3_TYPES
+from eesd_gemma3 import GEMMA3_TYPES
 
 
 class Gemma3Adapter(DecoderAdapter):
@@ -61,8 +52,8 @@ class Gemma3Adapter(DecoderAdapter):
         attention: Any = layer.self_attn
         return super().call_layer(layer, hidden, mask, rotary[attention.layer_type], cache)
 
-    def lm_logits(self, hidden: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
-        logits = super().lm_logits(hidden, weight)
+    def logits(self, hidden: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
+        logits = super().logits(hidden, weight)
         if self._softcap is None:
             return logits
         return torch.tanh(logits / self._softcap) * self._softcap

@@ -1,0 +1,125 @@
+"""What a controller sees of a generation's rounds, written once: :class:`Control` starts it, tells
+it when a round begins, asks it before each draft (bounded by the row's limit) and whether to keep
+a draft, builds each row's :class:`~eesd_core.protocols.RoundOutcome` and hands the round's outcomes
+back, every answer checked. The engine's round, eesd's vLLM proposer and the trace replay call it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from eesd_core.guards import Guarded
+from eesd_core.protocols import Confidence, Costs, DraftStep, Request, RoundOutcome, RoundStart, Withdrawn
+
+
+@dataclass
+class RowDrafts:
+    """One row's drafts in a round, what the controller saw of each and q (``None``: one-hot);
+    ``withdrawn``: the confidence, q and logits of a draft taken back."""
+
+    tokens: list[Any] = field(default_factory=list)  # token ids (None where a replay has none)
+    confidences: list[Confidence | None] = field(default_factory=list)
+    qs: list[torch.Tensor | None] = field(default_factory=list)
+    withdrawn: tuple[Confidence, torch.Tensor | None, torch.Tensor] | None = None
+
+    def add(self, token: int | None, confidence: Confidence | None, q: torch.Tensor | None = None) -> None:
+        self.tokens.append(token)
+        self.confidences.append(confidence)
+        self.qs.append(q)
+
+    def q(self, vocab: int) -> torch.Tensor | None:
+        """q of every draft ``[k, V]``, one-hot where fixed; ``None`` when every draft is one-hot."""
+        if all(q is None for q in self.qs):
+            return None
+        like = next(q for q in self.qs if q is not None)
+        rows = []
+        for token, q in zip(self.tokens, self.qs, strict=True):
+            rows.append(
+                like.new_zeros(vocab).index_fill_(0, torch.tensor([token], device=like.device), 1)
+                if q is None
+                else q
+            )
+        return torch.stack(rows)
+
+
+def acceptance_chance(logits: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor) -> float:
+    """sum_x min(p(x), q(x)): the chance that a draft from q is accepted against p (q ``None``:
+    one-hot at the argmax of ``logits``). # [V], [V], [V]"""
+    return float(p[logits.argmax()] if q is None else torch.minimum(p, q.to(p.dtype)).sum())
+
+
+class Control:
+    """A controller's view of one generation's rounds; see the module."""
+
+    def __init__(self, controller: Any, guard: Guarded, request: Request) -> None:
+        self.controller, self.guard, self.withdraws, self.costs = (
+            controller,
+            guard,
+            request.withdraws,
+            request.costs,
+        )
+        self.state = guard.call_controller("start", controller.start, request)
+        self.rounds, self.rows, self.limits = 0, (), ()  # type: tuple[int, Sequence[int], Sequence[int]]
+
+    def begin(self, rows: Sequence[int], costs: Costs, limits: Sequence[int], live: Sequence[bool]) -> None:
+        """A round over slot rows j (generation row ``rows[j]``), each allowed ``limits[j]``
+        drafts; those ``live`` marks take part."""
+        self.rows, self.limits, self.costs = rows, limits, costs
+        taking = tuple(row for row, alive in zip(rows, live, strict=True) if alive)
+        start = RoundStart(taking, costs, self.rounds)
+        self.guard.call_controller("begin_round", self.controller.begin_round, self.state, start)
+
+    def ask(self, j: int, drafts: RowDrafts) -> bool:
+        """Whether slot row j drafts one more, after ``drafts``."""
+        index, limit = len(drafts.tokens), self.limits[j]
+        if index >= limit:
+            return False
+        if index:
+            step = DraftStep(index, limit, self.rows[j], drafts.tokens[-1], drafts.confidences[-1])
+        else:
+            step = DraftStep(0, limit, self.rows[j])
+        answer = self.guard.call_controller(
+            "should_continue", self.controller.should_continue, self.state, step
+        )
+        return self.guard.decision("should_continue", answer)
+
+    def keep(self, j: int, index: int, confidence: Confidence | None) -> bool:
+        """Whether slot row j verifies the draft after its ``index`` ones, from its q alone."""
+        if not self.withdraws:
+            return True
+        step = DraftStep(index + 1, self.limits[j], self.rows[j], None, confidence)
+        answer = self.guard.call_controller("keep", self.controller.keep, self.state, step)
+        return self.guard.decision("keep", answer)
+
+    def end(self, outcomes: Sequence[RoundOutcome]) -> None:
+        """The round is over: the controller learns from every row's outcome."""
+        self.rounds += 1
+        self.guard.call_controller("update", self.controller.update, self.state, tuple(outcomes))
+
+
+def row_outcome(
+    position: int,
+    drafts: RowDrafts,
+    accepted: int,
+    tokens: Sequence[int],
+    times: tuple[float, float],
+    costs: Costs,
+    row: int,
+    judge: torch.Tensor | float | None = None,
+) -> RoundOutcome:
+    """A row's record of a round: ``tokens`` committed, ``accepted`` of its drafts. A draft it took
+    back is judged by ``judge``: p ``[V]`` at its position, or the chance itself, given only when
+    every draft before it was accepted (else the round never reached it)."""
+    withdrawn = None
+    if drafts.withdrawn is not None:
+        confidence, q, logits = drafts.withdrawn
+        seen = judge if judge is None or isinstance(judge, float) else acceptance_chance(logits, q, judge)
+        withdrawn = Withdrawn(confidence, seen)
+    confidences = tuple(drafts.confidences)
+    return RoundOutcome(
+        position, len(drafts.tokens), accepted, tuple(tokens), *times, confidences, costs, row, withdrawn
+    )

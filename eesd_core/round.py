@@ -1,0 +1,420 @@
+"""One generation of B rows (one sequence is B = 1): a prefill, then rounds of draft -> verify ->
+accept -> roll back, the same code for every batch size.
+
+The rows share one cache whose *slots* are columns; prompts are left-padded into slots [0, T). The
+cache holds every committed token but the last, the row's *pending* one. A round writes slots [S, S
++ m) for every row (m = 1 + the most drafts): row b feeds its pending token and k_b drafts, keeps
+its n_b + 1 accepted inputs (the rest become gaps), and the batch moves on to S + max(n_b + 1). The
+:class:`~eesd_core.cache.BatchLayout` keeps rows apart; while it is dense (one row always) passes
+need no masks. Drafting runs in lockstep, each row asked through :class:`~eesd_core.control.Control`
+and drawing from its own random source. A call owns everything here: calls may run in any thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from eesd_core.cache import BatchLayout, packed_groups
+from eesd_core.config import GenerationConfig
+from eesd_core.control import Control, RowDrafts, row_outcome
+from eesd_core.costs import CostBook
+from eesd_core.devices import HOST, pass_tokens
+from eesd_core.errors import EESDError
+from eesd_core.guards import Guarded
+from eesd_core.protocols import FIXED, Confidence, Request, RoundOutcome, SamplingParams
+from eesd_core.sampling import check_finite, confidence, process_logits
+from eesd_core.stats import BatchStats, GenerationStats
+
+
+@dataclass(frozen=True)
+class Parts:
+    """What a generation uses of its decoder, which outlives it and may serve several at once."""
+
+    adapter: Any
+    drafter: Any
+    controller: Any
+    verifier: Any
+    guard: Guarded
+    costs: CostBook
+    max_draft_tokens: int
+    withdraws: bool  # the drafter can take a draft back and the controller declares ``withdraws``
+    clock: Callable[[], float]
+    observe: Callable[[RoundOutcome], None] | None = None
+    finished: Callable[[GenerationStats], None] | None = None
+
+
+def target_probs(adapter: Any, top: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
+    """The target's p ``[..., V]`` from its last-layer states ``[..., H]`` (checked finite)."""
+    logits = adapter.logits(adapter.norm(top))
+    check_finite(logits, "Target")
+    return process_logits(logits, sampling)
+
+
+class Generation:
+    """Iterate for each round's new tokens: a list per row (empty for finished rows), or, for one
+    sequence (``single``), the list itself. ``stats`` holds the totals so far."""
+
+    def __init__(
+        self,
+        parts: Parts,
+        prompts: list[list[int]],
+        config: GenerationConfig,
+        rngs: list[Any],
+        single: bool = False,
+    ) -> None:
+        self.parts, self.config, self.rngs, self.single = parts, config, rngs, single
+        self.padded: torch.Tensor | None = None  # a tensor batch as given, for the padded output
+        self.sampling = SamplingParams(config.temperature, config.top_k, config.top_p)
+        rows, width, k = len(prompts), max(len(p) for p in prompts), parts.max_draft_tokens
+        new = config.max_new_tokens
+        self.tokens = torch.zeros(rows, width + new + k + 1, dtype=torch.long, device=HOST)
+        for row, prompt in enumerate(prompts):
+            self.tokens[row, : len(prompt)] = torch.tensor(prompt, dtype=torch.long, device=HOST)
+        self.lengths = [len(p) for p in prompts]
+        self.prompt_lengths = list(self.lengths)
+        self.finished = [False] * rows
+        self.row_stats = [GenerationStats(prompt_tokens=len(p)) for p in prompts]
+        self.stats: Any = self.row_stats[0] if single else BatchStats(rows=self.row_stats)
+        self.ids = list(range(rows))  # the generation row of each slot row of the cache
+        slack = 0 if rows == 1 else max(new // 4, 2 * (k + 1))  # room for gaps before a realignment
+        self.layout = BatchLayout(rows, width + new + slack + k + 1, parts.adapter.device)
+        self.cache = parts.adapter.new_cache(capacity=width + min(new, 512) + slack + k + 1)
+        self.control: Control | None = None
+        self.draft_state: Any = None
+        self.done = False
+        self._written: list[tuple[int, int, list[int]]] = []  # (row, at, tokens) not yet in tokens
+        self._started: float | None = None
+        self._interrupted = False
+
+    def __iter__(self) -> Generation:
+        return self
+
+    def __next__(self) -> Any:
+        """Run one round (the first call prefills) and return the tokens it committed."""
+        if self.done:
+            raise StopIteration
+        if self._interrupted:
+            raise EESDError(
+                "This generation was interrupted in the middle of a round (an exception or Ctrl-C) and "
+                "its caches are in no state to go on: start a new generate() or stream() call."
+            )
+        self._interrupted = True
+        with torch.inference_mode():
+            committed = self._prefill() if self._started is None else self._round()
+        self._interrupted = False
+        now = self.parts.clock() - self._started  # type: ignore[operator]
+        self.stats.total_time = now
+        for row, tokens in enumerate(committed):
+            if tokens:
+                self.row_stats[row].total_time = now
+        if self.done and self.parts.finished is not None:
+            for stats in self.row_stats:
+                self.parts.finished(stats)
+        return committed[0] if self.single else committed
+
+    @property
+    def sequences(self) -> list[list[int]]:
+        """Each row's prompt and committed tokens."""
+        return [self.tokens[row, :length].tolist() for row, length in enumerate(self.lengths)]
+
+    @property
+    def sequence(self) -> list[int]:
+        """The prompt and committed tokens of row 0 (of the one sequence)."""
+        return self.tokens[0, : self.lengths[0]].tolist()
+
+    def _remaining(self, row: int) -> int:
+        return self.config.max_new_tokens - (self.lengths[row] - self.prompt_lengths[row])
+
+    def _prefill(self) -> list[list[int]]:
+        """Every row's prompt, left-padded, through every layer; p at the last slot draws each
+        row's first new token, as a plain step does."""
+        parts, layout = self.parts, self.layout
+        self._started = parts.clock()
+        adapter, drafter, guard = parts.adapter, parts.drafter, parts.guard
+        rows, width = len(self.lengths), max(self.lengths)
+        feed = torch.zeros(rows, width, dtype=torch.long, device=HOST)
+        if any(length != width for length in self.lengths):
+            valid, positions = layout.spread()
+        for row, length in enumerate(self.lengths):
+            feed[row, width - length :] = self.tokens[row, :length]
+            if not layout.dense:
+                valid[row, width - length : width] = True
+                positions[row, width - length : width] = torch.arange(length, device=layout.device)
+        layout.slots = layout.filled = width
+        hidden, top = self._prefill_pass(feed)
+        if drafter is not None:
+            self.draft_state = guard.call_drafter("begin", drafter.begin, self.cache, layout, hidden)
+            if drafter.reads_top_states:
+                guard.call_drafter("top_states", drafter.top_states, self.draft_state, top, 0)
+            costs, new = parts.costs(rows).snapshot(), self.config.max_new_tokens
+            request = Request(width, new, parts.max_draft_tokens, self.sampling, costs, rows, parts.withdraws)
+            self.control = Control(parts.controller, guard, request)
+        last = width - 1 if top.shape[1] > 1 else 0
+        p = target_probs(adapter, top[:, last : last + 1], self.sampling)  # [B, 1, V]
+        none = feed[0, :0]
+        drawn = guard.verify(parts.verifier, [none] * rows, [None] * rows, p, self.rngs)
+        committed = []
+        for row, (_, token) in enumerate(drawn):
+            self.row_stats[row].rounds += 1  # a target pass that committed one token
+            committed.append(self._commit(row, [token]))
+        self.stats.prefill_time = parts.clock() - self._started
+        return self._close(committed)
+
+    def _close(self, committed: list[list[int]]) -> list[list[int]]:
+        """The end of a round: tokens written, the batch realigned if it needs to be."""
+        self._write()
+        if not self.single:
+            self.stats.rounds += 1
+        self.done = all(self.finished)
+        if not self.done:
+            self._maybe_relayout()
+        return committed
+
+    def _prefill_pass(self, feed: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """Every layer over the left-padded prompts ``feed`` ``[B, T]``: the layer-N states ``[B, T,
+        H]`` (None if the drafter runs no target layers) and the last-layer states ``[B, capacity,
+        H]`` for a drafter that reads them, else the last slot's ``[B, 1, H]``. Where the adapter
+        skips padding, rows run in groups over their own slots (:func:`packed_groups`)."""
+        adapter, layout, drafter = self.parts.adapter, self.layout, self.parts.drafter
+        shared = drafter.shared_layers if drafter is not None else 0
+        keep_tops = drafter is not None and drafter.reads_top_states
+        rows, width = feed.shape
+        like = {"dtype": adapter.dtype, "device": adapter.device}
+
+        def run(pick: Any, first: int, cache: Any) -> tuple[torch.Tensor, torch.Tensor]:
+            if layout.dense:
+                where: Any = first
+                seen = None
+            else:
+                where, seen = layout.positions[pick, first:width], layout.valid[pick, first:width]  # type: ignore[index]
+            hidden = adapter.embed(feed[pick.to(HOST), first:].to(adapter.device))
+            rotary = adapter.rotary(hidden, where)
+            hidden = adapter.run(hidden, 0, shared, cache, where, seen, rotary)
+            top = adapter.run(hidden, shared, adapter.num_layers, cache, where, seen, rotary)
+            return hidden, top if keep_tops else top[:, -1:]
+
+        tops = torch.zeros(rows, layout.capacity if keep_tops else 1, adapter.hidden_size, **like)
+        groups = None
+        if getattr(adapter, "skips_padding", True):
+            valid = (
+                layout.valid
+                if layout.valid is not None
+                else torch.ones(rows, width, dtype=torch.bool, device=layout.device)
+            )
+            groups = packed_groups(valid[:, :width], max_tokens=pass_tokens(adapter.device))
+        if groups is None:
+            hidden, top = run(torch.arange(rows, device=adapter.device), 0, self.cache)
+            tops[:, : top.shape[1]] = top
+            return (hidden if shared else None), tops
+        kept = torch.zeros(rows, width, adapter.hidden_size, **like) if shared else None
+        for (group, first), writer in zip(groups, self.cache.writers(rows, groups), strict=True):
+            pick = group.to(adapter.device)
+            hidden, top = run(pick, first, writer)
+            if kept is not None:
+                kept[pick, first:] = hidden
+            at = first if keep_tops else 0  # kept whole by slot, or the last slot's alone
+            tops[pick, at : at + top.shape[1]] = top
+        return kept, tops
+
+    def _round(self) -> list[list[int]]:
+        parts, layout, ids = self.parts, self.layout, self.ids
+        start, clock = layout.slots, parts.clock
+        live = [not self.finished[row] for row in ids]
+        tracker = parts.costs(len(ids))
+        costs = tracker.snapshot()
+        if self.control is not None:
+            cap, rows = parts.max_draft_tokens, zip(ids, live, strict=True)
+            limits = [min(cap, self._remaining(row) - 1) if alive else 0 for row, alive in rows]
+            self.control.begin(ids, costs, limits, live)
+        t0 = clock()
+        drafts, hidden = self._draft(start, live)
+        t1 = clock()
+        m = max(len(d.tokens) for d in drafts) + 1
+        p, top = self._target(start, m, hidden)  # [B, m, V]
+        taking = [j for j, alive in enumerate(live) if alive]
+        tokens = [torch.tensor(drafts[j].tokens, dtype=torch.long, device=HOST) for j in taking]
+        qs, rngs = [drafts[j].q(p.shape[-1]) for j in taking], [self.rngs[ids[j]] for j in taking]
+        p_live = p if len(taking) == len(ids) else p[taking]
+        results = dict(zip(taking, parts.guard.verify(parts.verifier, tokens, qs, p_live, rngs), strict=True))
+        drafter = parts.drafter
+        if drafter is not None and drafter.reads_top_states:
+            parts.guard.call_drafter("top_states", drafter.top_states, self.draft_state, top, start)
+        t2 = clock()
+        upto = [results[j][0] if j in results else -1 for j in range(len(ids))]
+        self._rollback(upto)
+        peeked = any(d.withdrawn is not None and len(d.tokens) == m - 1 for d in drafts)
+        tracker.observe(m - 1, t1 - t0, t2 - t1, peeked)
+        committed: list[list[int]] = [[] for _ in self.lengths]
+        outcomes = []
+        for j in taking:
+            row, (n, token), d = ids[j], results[j], drafts[j]
+            judge = p[j, n] if d.withdrawn is not None and n == len(d.tokens) else None
+            new, times = [*d.tokens[:n], token], (t1 - t0, t2 - t1)
+            outcome = row_outcome(self.lengths[row] - 1, d, n, new, times, costs, row, judge)
+            committed[row] = self._commit(row, new)
+            self.row_stats[row].add_round(outcome)
+            outcomes.append(outcome)
+        if self.control is not None:
+            self.control.end(outcomes)
+        for outcome in outcomes if parts.observe is not None else ():
+            parts.observe(outcome)  # type: ignore[misc]
+        return self._close(committed)
+
+    def _draft(self, start: int, live: list[bool]) -> tuple[list[RowDrafts], torch.Tensor | None]:
+        """The draft loop in lockstep: step i writes slot ``start + i`` of every row that feeds it."""
+        ids, drafter, guard = self.ids, self.parts.drafter, self.parts.guard
+        drafts = [RowDrafts() for _ in ids]
+        if drafter is None or self.control is None:
+            self._mark(start, live, 0)
+            return drafts, None
+        control, feeding, steps = self.control, live, 0
+        fixed: list[list[int]] = [[] for _ in ids]  # fixed proposals not taken yet
+        while True:
+            self._mark(start + steps, feeding, steps)
+            drafting = [feeding[j] and control.ask(j, drafts[j]) for j in range(len(ids))]
+            if not any(drafting):
+                break
+            asked = [drafting[j] and not fixed[j] for j in range(len(ids))]
+            draft = None
+            if drafter.shared_layers or any(asked):
+                history = [
+                    self.tokens[r, : self.lengths[r] + len(d.tokens)]
+                    for r, d in zip(ids, drafts, strict=True)
+                ]
+                feed, slot = self._feed(steps)[:, 0], start + steps
+                draft = guard.call_drafter("step", drafter.step, self.draft_state, feed, slot, asked, history)
+                guard.check_draft(draft, asked)
+            for j in range(len(ids)):
+                if not drafting[j]:
+                    continue
+                if asked[j] and draft.logits is None:  # type: ignore[union-attr]
+                    fixed[j] = list(draft.tokens[j]) if draft.tokens else []  # type: ignore[union-attr]
+                if fixed[j]:
+                    token: int | None = fixed[j].pop(0)
+                    drafts[j].add(token, FIXED)  # type: ignore[arg-type]
+                elif asked[j] and draft.logits is not None:  # type: ignore[union-attr]
+                    token = self._sample(j, draft.logits[j], drafts[j])  # type: ignore[union-attr]
+                else:
+                    token = None
+                if token is None:  # nothing proposed, or taken back before it was drawn
+                    drafting[j] = False
+                    continue
+                self.tokens[ids[j], self.lengths[ids[j]] + steps] = token
+            feeding = drafting
+            steps += 1
+        tokens = self._feed(steps)[:, 0] if any(feeding) else None  # None: every last draft taken back
+        hidden = guard.call_drafter("finish", drafter.finish, self.draft_state, tokens, start + steps)
+        k = steps if tokens is not None else steps - 1
+        guard.check_hidden(hidden, k, drafter.shared_layers, len(ids))
+        return drafts, hidden
+
+    def _sample(self, j: int, logits: torch.Tensor, drafts: RowDrafts) -> int | None:
+        """Draw slot row j's next draft from q (the argmax when greedy, its confidence read at
+        temperature 1), unless the controller, shown q first, takes it back (``None``)."""
+        check_finite(logits, "Draft")
+        greedy, sampling = self.sampling.greedy, self.sampling
+        probs = torch.softmax(logits.float(), dim=-1) if greedy else process_logits(logits[None], sampling)[0]
+        q = None if greedy else probs
+        control = self.control
+        if control is not None and control.withdraws:
+            token, prob, top, entropy = confidence(probs, logits.argmax())
+            seen = Confidence(None, top, entropy)
+            if not control.keep(j, len(drafts.tokens), seen):
+                drafts.withdrawn = (seen, q, logits)
+                return None
+            if greedy:
+                drafts.add(token, Confidence(prob, top, entropy))
+                return token
+        choice = logits.argmax() if q is None else self.rngs[self.ids[j]].categorical(q)
+        token, prob, top, entropy = confidence(probs, choice)
+        drafts.add(token, Confidence(prob, top, entropy), q)
+        return token
+
+    def _feed(self, step: int, m: int = 1) -> torch.Tensor:
+        """The tokens each slot row feeds at steps ``step .. step + m`` ``[B, m]`` (the pending
+        token first), 0 where it feeds nothing."""
+        at = [self.lengths[row] - 1 + step for row in self.ids]
+        if len(at) == 1:  # one row: always dense
+            return self.tokens[self.ids[0], at[0] : at[0] + m][None]
+        index = torch.tensor(at, device=HOST)[:, None] + torch.arange(m, device=HOST)
+        fed = self.tokens[torch.tensor(self.ids, device=HOST)[:, None], index]
+        valid, slot = self.layout.valid, self.layout.slots + step
+        return fed if valid is None else torch.where(valid[:, slot : slot + m].to(HOST), fed, 0)
+
+    def _mark(self, slot: int, feeding: list[bool], step: int) -> None:
+        self.layout.mark(slot, feeding, [self.lengths[row] - 1 + step for row in self.ids])
+
+    def _target(self, start: int, m: int, hidden: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """p ``[B, m, V]`` over slots [start, start + m), running the layers the drafter did not,
+        and the last-layer states ``[B, m, H]``."""
+        parts, layout, adapter = self.parts, self.layout, self.parts.adapter
+        first = 0 if hidden is None else parts.drafter.shared_layers
+        if hidden is None:
+            hidden = adapter.embed(self._feed(0, m).to(adapter.device))
+        parts.guard.check_cache(self.cache, first, start, m)
+        positions, valid = layout.window(start, start + m)
+        top = adapter.run(hidden, first, adapter.num_layers, self.cache, positions, valid)
+        rows = top.shape[0]
+        live = None if valid is None or not getattr(adapter, "skips_padding", True) else valid[:, start:]
+        if live is None or bool(live.all()):
+            return target_probs(adapter, top, self.sampling), top
+        index = live.reshape(-1).to(top.device).nonzero().squeeze(1)  # the LM head over what counts
+        picked = target_probs(adapter, top.reshape(rows * m, -1).index_select(0, index), self.sampling)
+        p = picked.new_zeros(rows * m, picked.shape[-1]).index_copy_(0, index, picked)
+        return p.view(rows, m, -1), top
+
+    def _rollback(self, upto: list[int]) -> None:
+        """Keep each row's accepted inputs (-1: a finished row keeps none); the batch moves on."""
+        self.layout.keep(self.layout.slots, upto)
+        self.cache.crop(self.layout.slots)
+        drafter = self.parts.drafter
+        if drafter is not None:
+            self.parts.guard.call_drafter("rollback", drafter.rollback, self.draft_state, self.layout.slots)
+
+    def _commit(self, row: int, tokens: list[int]) -> list[int]:
+        """Append a row's tokens, cut at its first EOS or at max_new_tokens."""
+        stats = self.row_stats[row]
+        for i, token in enumerate(tokens):
+            if token in self.config.eos_token_id:
+                tokens, self.finished[row], stats.stopped_by = tokens[: i + 1], True, "eos"
+                break
+        remaining = self._remaining(row)
+        if len(tokens) >= remaining:
+            tokens, self.finished[row] = tokens[:remaining], True
+            stats.stopped_by = stats.stopped_by or "max_new_tokens"
+        self._written.append((row, self.lengths[row], tokens))
+        self.lengths[row] += len(tokens)
+        stats.new_tokens += len(tokens)
+        return tokens
+
+    def _write(self) -> None:
+        """Put the tokens committed since the last call into ``tokens``, in one assignment."""
+        rows = [row for row, _, tokens in self._written for _ in tokens]
+        at = [start + i for _, start, tokens in self._written for i in range(len(tokens))]
+        new = [token for _, _, tokens in self._written for token in tokens]
+        self.tokens[rows, at] = torch.tensor(new, dtype=torch.long, device=HOST)
+        self._written.clear()
+
+    def _maybe_relayout(self) -> None:
+        """Drop finished rows once a quarter of the rows are done; squeeze out gaps when the next
+        round might not fit; else leave every buffer where it is."""
+        layout, ids = self.layout, self.ids
+        alive = [j for j, row in enumerate(ids) if not self.finished[row]]
+        leave = len(ids) - len(alive) >= max(1, len(ids) // 4)
+        full = layout.slots + self.parts.max_draft_tokens + 1 > layout.capacity
+        if not (leave or full):
+            return
+        keep = torch.tensor(alive if leave else list(range(len(ids))), dtype=torch.long, device=HOST)
+        index = layout.aligned(keep.to(layout.device))
+        drafter = self.parts.drafter
+        if drafter is not None:  # before the layout changes: the drafter may still run on the old one
+            self.parts.guard.call_drafter("relayout", drafter.relayout, self.draft_state, keep, index)
+        layout.relayout(keep.to(layout.device), index)
+        self.cache.relayout(keep, index)
+        self.ids = [ids[j] for j in keep.tolist()]
+        if not self.single:
+            self.stats.relayouts += 1

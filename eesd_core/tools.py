@@ -1,0 +1,63 @@
+"""What the ``eesd`` command and the plug-ins that add commands to it share: the arguments that
+choose a model, plug-ins, device and precision, a decoder loaded from them, and a prompt encoded
+for chat. Nothing here imports torch until it is used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+
+def add_decoder_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options that choose a model and the plug-ins, shared by several commands."""
+    model = "a local HF checkpoint directory, or a model name a plug-in knows (`eesd models list`)"
+    parser.add_argument("--model", default="smollm2-135m-instruct", help=model)
+    parser.add_argument(
+        "--drafter", default="early_exit", help="drafter plug-in, or 'none' for plain decoding"
+    )
+    parser.add_argument("--drafter-options", type=json.loads, default={}, metavar="JSON")
+    parser.add_argument("--controller", default="thompson")
+    parser.add_argument("--controller-options", type=json.loads, default={}, metavar="JSON")
+    parser.add_argument("--verifier", default="lossless")
+    parser.add_argument("--max-draft-tokens", type=int, default=8)
+    parser.add_argument("--cache-dir", default=None, help="where fetched models live (default: XDG cache)")
+    products = (
+        "how linear layers multiply: auto (a plug-in may time faster CPU products, once per machine) or "
+    )
+    parser.add_argument("--products", default="auto", help=products + "standard (F.linear) (default: auto)")
+    add_device_arguments(parser)
+
+
+def add_device_arguments(parser: argparse.ArgumentParser, dtype: str = "float32") -> None:
+    """``--device`` and ``--dtype``: where the model runs and the precision of its weights."""
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or mps (default: cpu)")
+    parser.add_argument(
+        "--dtype",
+        default=dtype,
+        choices=["float32", "bfloat16", "float16", "float64"],
+        help=f"precision of the weights (default: {dtype}); p and q are still computed in float32",
+    )
+
+
+def load_decoder(args: argparse.Namespace, **overrides: Any) -> Any:
+    """A decoder for the model and plug-ins ``args`` name (see :func:`add_decoder_arguments`)."""
+    from eesd_core.engine import SpeculativeDecoder
+    from eesd_core.registry import resolve_model
+
+    path = resolve_model(args.model, cache_dir=args.cache_dir)
+    options: dict[str, Any] = dict(drafter=None if args.drafter == "none" else args.drafter)
+    options.update(drafter_options=args.drafter_options, controller=args.controller, verifier=args.verifier)
+    options.update(controller_options=args.controller_options, max_draft_tokens=args.max_draft_tokens)
+    options = {"adapter_options": {"products": getattr(args, "products", "auto")}, **options, **overrides}
+    return SpeculativeDecoder.from_pretrained(str(path), dtype=args.dtype, device=args.device, **options)
+
+
+def encode_prompt(tokenizer: Any, text: str, chat: bool = True) -> list[int]:
+    """Token ids of ``text``, wrapped in the tokenizer's chat template when it has one."""
+    if chat and getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+        ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+        return list(ids)
+    return tokenizer(text)["input_ids"]
