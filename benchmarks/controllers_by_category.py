@@ -22,7 +22,7 @@ from eesd_bench.trace import compare_controllers, record_trace
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from eesd_core import SpeculativeDecoder
-from eesd_core.cli import encode_prompt
+from eesd_core.tools import encode_prompt
 from eesd_core.registry import resolve_model
 
 CONTROLLERS = {

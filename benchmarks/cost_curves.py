@@ -54,7 +54,7 @@ from typing import Any
 
 import torch
 import transformers
-from eesd_bench.env import environment
+from eesd_bench.env import environment, products_of
 from eesd_bench.kernels import add_sdpa_argument, attention_kernels
 from eesd_bench.modelled import RoundCosts
 from eesd_early_exit.head import ExitHead
@@ -191,7 +191,7 @@ class Passes:
         self.states = torch.randn(size, generator=generator).to(self.device, adapter.dtype)
         self.cache = adapter.new_cache(capacity=context + VERIFY_ROWS)
         prefix = adapter.embed(self.ids[:context].to(self.device))
-        adapter.run_layers(prefix, 0, adapter.num_layers, self.cache, 0)
+        adapter.run(prefix, 0, adapter.num_layers, self.cache, 0)
 
     def reset(self) -> None:
         self.cache.crop(self.context)
@@ -199,24 +199,24 @@ class Passes:
     def verify(self, m: int) -> torch.Tensor:
         a = self.adapter
         hidden = a.embed(self.ids[self.context : self.context + m].to(self.device))
-        return a.logits(a.norm(a.run_layers(hidden, 0, a.num_layers, self.cache, self.context)))  # [m, V]
+        return a.logits(a.norm(a.run(hidden, 0, a.num_layers, self.cache, self.context)))[0]  # [m, V]
 
     def lower(self, n: int) -> tuple[torch.Tensor, Any]:
         """Layers [0, n) on one token, as the drafter's ``_lower``. # [1, 1, H]"""
         a = self.adapter
         x = a.embed(torch.tensor([self.token], device=self.device))
         rotary = a.rotary(x, self.context)
-        return a.run_layers(x, 0, n, self.cache, self.context, rotary), rotary
+        return a.run(x, 0, n, self.cache, self.context, None, rotary), rotary
 
     def untrained_draft(self, n: int) -> torch.Tensor:
         h, _ = self.lower(n)
-        return self.adapter.logits(self.adapter.norm(h))[0]  # [V]
+        return self.adapter.logits(self.adapter.norm(h))[0, 0]  # [V]
 
     def tail(self, n: int, m: int) -> torch.Tensor:
         """Layers [n, L), norm and LM head over m positions: verification after the drafter."""
         a = self.adapter
-        top = a.run_layers(self.states[:, :m], n, a.num_layers, self.cache, self.context)
-        return a.logits(a.norm(top))  # [m, V]
+        top = a.run(self.states[:, :m], n, a.num_layers, self.cache, self.context)
+        return a.logits(a.norm(top))[0]  # [m, V]
 
     def exit_head(self, n: int, subset: int, mlp_width: int | None) -> tuple[ExitHead, KVCache]:
         """A head shaped like the shipped ones, its cache filled with ``context`` positions."""
@@ -236,7 +236,7 @@ class Passes:
         h, rotary = self.lower(n)
         stand_in = self.states[:, :1]
         out = head.hidden(h, self.context, cache, rotary, head.top_state(stand_in))
-        return head.logits(out)[0]  # [V]
+        return head.logits(out)[0, 0]  # [V]
 
 
 def measure_passes(model: Any, adapter: Any, args: argparse.Namespace, clock: Clock) -> dict[str, Any]:
@@ -545,7 +545,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     clock = Clock(args.device)
     model = build_model(args.shape, args.layers, args.device, args.dtype)
     adapter = SpeculativeDecoder(model, drafter=None).adapter
-    adapter.prepare(VERIFY_ROWS)
     with attention_kernels(args.sdpa):
         with torch.inference_mode():
             timings = measure_passes(model, adapter, args, clock)
@@ -567,7 +566,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "attention": model.config._attn_implementation,
-        "products": adapter.products.describe(),
+        "products": products_of(adapter),
         "repeats": args.repeats,
         "warmup": WARMUP,
         "context": args.context,

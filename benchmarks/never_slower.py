@@ -39,10 +39,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from eesd_bench.env import products_of
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from eesd_core import SpeculativeDecoder
-from eesd_core.models.products import MODES
+
+PRODUCTS = ("auto", "standard", "transposed", "onednn")
 
 PROMPTS: list[tuple[str, str]] = [
     ("code", "Write a Python function that checks whether a string is a palindrome."),
@@ -93,11 +95,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--json", type=Path, default=None, help="also write every run and the summary here")
     parser.add_argument(
-        "--matmul",
-        choices=MODES,
+        "--products",
+        choices=PRODUCTS,
         default="auto",
-        help="the short-pass product of every eesd decoder (adapter option); 'standard' is F.linear "
-        "everywhere, as on a machine where no other product wins",
+        help="how the linear layers of every eesd decoder multiply (adapter option); 'standard' is "
+        "F.linear everywhere, as on a machine where no other product wins (default: auto)",
     )
     args = parser.parse_args(argv)
     if not 1 <= args.prompts <= len(PROMPTS):
@@ -118,21 +120,19 @@ def encode(tokenizer: Any, text: str) -> torch.Tensor:
 class Runner:
     """One callable per method: input ids -> (all token ids, seconds, eesd stats or None)."""
 
-    def __init__(self, model: Any, max_new_tokens: int, matmul: str = "auto") -> None:
+    def __init__(self, model: Any, max_new_tokens: int, products: str = "auto") -> None:
         self.model = model
         self.max_new_tokens = max_new_tokens
         eos = model.generation_config.eos_token_id
         self.eos = eos
         pad = model.generation_config.pad_token_id
         self.pad = pad if pad is not None else (eos if isinstance(eos, int) else eos[0])
-        products = {"adapter_options": {"matmul": matmul}}
+        chosen = {"adapter_options": {"products": products}}
         self.decoders = {
-            "plain": SpeculativeDecoder(model, drafter=None, **products),
-            "default": SpeculativeDecoder(model, **products),
-            "always_no": SpeculativeDecoder(
-                model, controller="fixed", controller_options={"k": 0}, **products
-            ),
-            "keep_all": SpeculativeDecoder(model, controller_options={"withdraw": False}, **products),
+            "plain": SpeculativeDecoder(model, drafter=None, **chosen),
+            "default": SpeculativeDecoder(model, **chosen),
+            "always_no": SpeculativeDecoder(model, controller="fixed", controller_options={"k": 0}, **chosen),
+            "keep_all": SpeculativeDecoder(model, controller_options={"withdraw": False}, **chosen),
         }
 
     def __call__(self, method: str, input_ids: torch.Tensor) -> tuple[list[int], float, Any]:
@@ -176,11 +176,11 @@ def main(argv: list[str] | None = None) -> int:
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
     prompts = PROMPTS[: args.prompts]
     inputs = [encode(tokenizer, text) for _, text in prompts]
-    runner = Runner(model, args.max_new_tokens, args.matmul)
+    runner = Runner(model, args.max_new_tokens, args.products)
     print(
         f"model {args.model.name}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
         f"{platform.machine()}; {len(prompts)} prompts x {args.repeats} repeats, "
-        f"max_new_tokens {args.max_new_tokens}, matmul {args.matmul}",
+        f"max_new_tokens {args.max_new_tokens}, products {args.products}",
         flush=True,
     )
 
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         _, seconds, _ = runner(method, inputs[0])
         warm[method] = seconds
     print("warm-up (s): " + ", ".join(f"{m} {s:.2f}" for m, s in warm.items()), flush=True)
-    print("short passes: " + runner.decoders["default"].adapter.products.describe(), flush=True)
+    print("linear products: " + products_of(runner.decoders["default"].adapter), flush=True)
 
     reference: dict[int, list[int]] = {}
     runs: list[dict[str, Any]] = []
@@ -269,10 +269,21 @@ def main(argv: list[str] | None = None) -> int:
         + " ".join(f"{median(ratios[name]):>20.3f}" for name in ratios)
     )
     summary = {name: median(values) for name, values in ratios.items()}
+    kinds = sorted({kind for kind, _ in prompts})
+    by_kind = {
+        kind: {
+            name: median([v for (k, _), v in zip(prompts, values, strict=True) if k == kind])
+            for name, values in ratios.items()
+        }
+        for kind in kinds
+    }
     print()
     print("medians over prompts:")
     for name in ratios:
-        print(f"  {name:22} {summary[name]:.3f}")
+        print(
+            f"  {name:22} {summary[name]:.3f}  by kind: "
+            + ", ".join(f"{k} {by_kind[k][name]:.3f}" for k in kinds)
+        )
     total = [sum(d[i] for d in drafted) for i in range(4)]
     drafts = (
         f"{total[1]} drafts, {total[2]} accepted ({total[2] / total[1]:.0%})" if total[1] else "no drafts"
@@ -297,13 +308,14 @@ def main(argv: list[str] | None = None) -> int:
                 "max_new_tokens": args.max_new_tokens,
                 "threads": torch.get_num_threads(),
                 "torch": torch.__version__,
-                "matmul": args.matmul,
-                "products": runner.decoders["default"].adapter.products.describe(),
+                "products_option": args.products,
+                "products": products_of(runner.decoders["default"].adapter),
             },
             "warmup_seconds": warm,
             "tokens_per_second": speed,
             "ratios": ratios,
             "summary": summary,
+            "summary_by_kind": by_kind,
             "mismatches": mismatches,
             "runs": [{k: v for k, v in r.items() if k != "tokens"} for r in runs],
         }

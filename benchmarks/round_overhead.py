@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from eesd_core import SpeculativeDecoder
-from eesd_core.cli import add_device_arguments
+from eesd_core.tools import add_device_arguments
 from eesd_core.devices import resolve_device, resolve_dtype
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

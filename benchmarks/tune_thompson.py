@@ -25,7 +25,7 @@ from eesd_bench.trace import Trace, best_fixed, build_controller, record_trace, 
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from eesd_core import SpeculativeDecoder
-from eesd_core.cli import encode_prompt
+from eesd_core.tools import encode_prompt
 from eesd_core.registry import resolve_model
 
 HELDOUT = Path(__file__).resolve().parents[1] / "drafters" / "eesd_early_exit" / "prompts" / "heldout.json"

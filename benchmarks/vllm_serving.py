@@ -46,7 +46,7 @@ def encode(model: str, count: int, seed: int, questions: str | None = None) -> t
     from eesd_bench.prompts import DEFAULT_QUESTIONS, load_questions, select
     from transformers import AutoTokenizer
 
-    from eesd_core.cli import encode_prompt
+    from eesd_core.tools import encode_prompt
     from eesd_core.registry import resolve_model
 
     path = str(resolve_model(model))

@@ -31,19 +31,29 @@ import torch
 from eesd_baselines import FixedK, FixedOptions
 from eesd_bench.trace import CostModel, Trace, record_trace, replay
 from eesd_thompson import ThompsonController, ThompsonOptions
+from eesd_thompson.controller import _Run
 
 from eesd_core import SpeculativeDecoder
+from eesd_core.protocols import Request
 from eesd_core.registry import resolve_model
 
 PROMPTS = Path(__file__).resolve().parents[1] / "drafters" / "eesd_early_exit" / "prompts"
 KINDS = {"code": PROMPTS / "code-heldout.json", "chat": PROMPTS / "heldout.json"}
 
 
-class NoLooks(ThompsonController):
-    """The default controller, drafting only when its cost rule says so (no looks)."""
+class _NoLooksRun(_Run):
+    """A generation of :class:`NoLooks`: the default's decisions, never a look."""
 
     def _look_pays(self, weight: float) -> bool:
         return False
+
+
+class NoLooks(ThompsonController):
+    """The default controller, drafting only when its cost rule says so (no looks)."""
+
+    def start(self, request: Request) -> _Run:
+        run = super().start(request)  # what a start learns and forgets, then the same run without looks
+        return _NoLooksRun(self, request, run.learnt, run.rng)
 
 
 CONTROLLERS = {
@@ -66,7 +76,9 @@ def traces(args: argparse.Namespace) -> dict[str, Trace]:
             if decoder is None:
                 torch.set_num_threads(args.threads)
                 decoder = SpeculativeDecoder.from_pretrained(
-                    str(resolve_model(args.model)), controller="fixed", controller_options={"k": 4},
+                    str(resolve_model(args.model)),
+                    controller="fixed",
+                    controller_options={"k": 4},
                     max_draft_tokens=4,
                 )
             texts = json.loads(path.read_text())[: args.prompts]

@@ -38,8 +38,8 @@ from typing import Any
 from eesd_bench.kernels import add_sdpa_argument, attention_kernels
 from eesd_bench.methods import MethodSpec, expand_methods, parse_method
 from eesd_bench.prompts import DEFAULT_QUESTIONS, Question, load_questions, select
-from eesd_core.cli import add_device_arguments
 from eesd_core.errors import ConfigError
+from eesd_core.tools import add_device_arguments
 
 SCHEMA = "eesd-bench-batch/1"
 CPU_ONLY_MEMORY = (
@@ -238,7 +238,9 @@ class EesdBatch:
         generation = self.decoder.stream(ids, attention_mask=mask, max_new_tokens=max_new_tokens)
         for _ in generation:
             pass
-        return int(generation.cache.nbytes())
+        from eesd_bench.env import cache_bytes
+
+        return cache_bytes(generation.cache)
 
 
 def batched_methods(texts: list[str], registered: dict[str, list[str]]) -> tuple[list[MethodSpec], list[str]]:
@@ -635,14 +637,14 @@ class BatchBench:
         return batches
 
     def run(self, sizes: list[int], repeats: int = 3) -> dict[str, Any]:
-        from eesd_bench.env import environment
+        from eesd_bench.env import environment, products_of
 
         self.batches = self.plan(sizes)
         runners = {s.name: build(s, self.model, self.settings, self.pad) for s in self.specs}
         length = self.settings.max_new_tokens
         samples, outputs = measure(runners, self.batches, repeats, length)
         products = next(
-            (r.decoder.adapter.products.describe() for r in runners.values() if isinstance(r, EesdBatch)),
+            (products_of(r.decoder.adapter) for r in runners.values() if isinstance(r, EesdBatch)),
             None,
         )
         reference = HFBatch(self.model, self.pad)
@@ -697,7 +699,7 @@ class BatchBench:
 def run_batch(args: argparse.Namespace) -> int:
     from eesd_bench.cli import _head, _load, _registered, benchmarks_dir
     from eesd_bench.runners import BenchSettings
-    from eesd_core.cli import encode_prompt
+    from eesd_core.tools import encode_prompt
 
     specs, notes = batched_methods(args.methods, _registered())
     questions = interleave(select(load_questions(args.questions), args.per_category, args.subset_seed))

@@ -13,8 +13,8 @@ from eesd_bench.batch import add_batch
 from eesd_bench.kernels import add_sdpa_argument, attention_kernels
 from eesd_bench.methods import GROUPS, PRESETS, expand_methods
 from eesd_bench.prompts import DEFAULT_QUESTIONS, load_questions, select
-from eesd_core.cli import add_device_arguments
 from eesd_core.errors import ConfigError
+from eesd_core.tools import add_device_arguments
 
 if TYPE_CHECKING:
     from eesd_bench.runners import BenchSettings
@@ -153,7 +153,7 @@ def _registered() -> dict[str, list[str]]:
 def run_bench(args: argparse.Namespace) -> int:
     from eesd_bench.runners import BenchSettings, early_exit_decoder
     from eesd_bench.session import Session
-    from eesd_core.cli import encode_prompt
+    from eesd_core.tools import encode_prompt
 
     methods, notes = expand_methods(args.methods, _registered())
     if any(m.kind == "hf_assisted" for m in methods) and not args.assistant_model:

@@ -12,7 +12,8 @@ import argparse
 import sys
 from typing import Any
 
-from eesd_core.cli import TextStreamer, add_decoder_arguments, encode_prompt, load_decoder
+from eesd_bench.env import products_of
+from eesd_core.tools import add_decoder_arguments, encode_prompt, load_decoder
 
 DEFAULT_PROMPT = "Write a Python function that checks whether a number is prime, and explain it briefly."
 
@@ -38,19 +39,16 @@ def run_demo(args: argparse.Namespace) -> int:
     fast = load_decoder(args)
     plain = SpeculativeDecoder(fast.model, drafter=None, tokenizer=fast.tokenizer)  # the same weights
     ids = encode_prompt(fast.tokenizer, args.prompt)
-    # the product for short passes is chosen by timing a few passes, once per process; doing it
-    # here keeps that one-time cost out of the comparison (on a 1.5B model it takes a minute)
-    print("Timing short passes once for this process ...", file=sys.stderr)
-    fast.prepare()
-    plain.prepare()
     print(f"\n> {args.prompt}\n")
-    streamer = TextStreamer(fast.tokenizer)
+    from transformers import TextStreamer
+
+    streamer = TextStreamer(fast.tokenizer, skip_special_tokens=True)
     generation = fast.stream(ids, max_new_tokens=args.max_new_tokens)
     fast_tokens: list[int] = []
     for chunk in generation:
-        streamer.push(chunk)
+        streamer.put(torch.tensor(chunk))
         fast_tokens.extend(chunk)
-    streamer.close()
+    streamer.end()
     plain_result = plain.generate(ids, max_new_tokens=args.max_new_tokens)
     plain_tokens = plain_result.sequences[0, len(ids) :].tolist()
     reference = None if args.no_transformers else _transformers(fast.model, ids, args.max_new_tokens)
@@ -59,7 +57,7 @@ def run_demo(args: argparse.Namespace) -> int:
         identical = identical and _agree(fast.model, ids, reference[0], fast_tokens)
     _report(args, generation.stats, plain_result.stats, identical, reference)
     print(f"  drafter: {fast.drafter.describe() if fast.drafter is not None else 'none (plain decoding)'}")
-    print(f"  short passes: {fast.adapter.products.describe()}")
+    print(f"  linear products: {products_of(fast.adapter)}")
     return 0 if identical else 1
 
 

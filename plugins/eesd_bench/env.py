@@ -36,6 +36,17 @@ def git_commit() -> str | None:
     return out.stdout.strip() or None
 
 
+def cache_bytes(cache: Any) -> int:
+    """Bytes a KV cache's buffers hold."""
+    return sum(t.numel() * t.element_size() for t in cache.keys + cache.values if t is not None)
+
+
+def products_of(adapter: Any) -> str:
+    """How a model adapter's linear layers multiply (a products plug-in's choice, or F.linear)."""
+    products = getattr(adapter, "products", None)
+    return "standard F.linear for every pass" if products is None else str(products.describe())
+
+
 def environment(model: Any, model_name: str) -> dict[str, Any]:
     import torch
     import transformers

@@ -78,6 +78,7 @@ def probe(request: dict[str, Any]) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM
 
+    from eesd_bench.env import cache_bytes
     from eesd_bench.methods import parse_method
     from eesd_bench.runners import BenchSettings, build_runner
 
@@ -92,7 +93,7 @@ def probe(request: dict[str, Any]) -> dict[str, Any]:
     result = peak_during(lambda: outputs.append(runner.generate(request["prompt"], settings, settings.seed)))
     result.update(model_bytes=model_bytes(model), new_tokens=len(outputs[0].tokens))
     cache = getattr(getattr(runner, "generation", None), "cache", None)
-    result["kv_cache_bytes"] = cache.nbytes() if cache is not None else None
+    result["kv_cache_bytes"] = cache_bytes(cache) if cache is not None else None
     return result
 
 

@@ -12,8 +12,8 @@ A spec is ``KIND`` or ``KIND:key=value,...`` with KIND one of
 - ``hf_prompt_lookup``: transformers' ``generate(prompt_lookup_num_tokens=k)``; keys ``k`` (default
   10, as transformers' docs suggest) and ``max_ngram`` (its ``max_matching_ngram_size``, default 2);
 - ``eesd``: a :class:`~eesd_core.engine.SpeculativeDecoder`; keys ``drafter`` (``none`` for plain
-  decoding), ``controller``, ``verifier``, ``max_draft_tokens``, ``matmul`` (the model
-  adapter's short-pass product: ``auto``, ``standard`` or ``transposed``) and ``skip_padding``
+  decoding), ``controller``, ``verifier``, ``max_draft_tokens``, ``products`` (how the model
+  adapter's linear layers multiply: ``auto``, ``standard``, ``transposed`` or ``onednn``) and ``skip_padding``
   (``false``: batched passes multiply padding positions too); ``drafter.X`` and
   ``controller.X`` set plug-in options, and any other key is a controller option, so
   ``eesd:controller=fixed,k=4`` drafts four tokens a round;
@@ -52,8 +52,8 @@ PRESETS: dict[str, str] = {
     "hf_assisted": "hf_assisted",
     "hf_prompt_lookup": "hf_prompt_lookup",
     "eesd_plain": "eesd:drafter=none",
-    "eesd_plain_standard": "eesd:drafter=none,matmul=standard",
-    "eesd_default_standard": "eesd:matmul=standard",
+    "eesd_plain_standard": "eesd:drafter=none,products=standard",
+    "eesd_default_standard": "eesd:products=standard",
     "eesd_default": "eesd",
     "eesd_default_dense": "eesd:skip_padding=false",
     "eesd_plain_dense": "eesd:drafter=none,skip_padding=false",
@@ -118,7 +118,7 @@ class MethodSpec:
         for key, value in self.options.items():
             if key in DECODER_KEYS:
                 kwargs[key] = value
-            elif key in ("matmul", "skip_padding"):
+            elif key in ("products", "skip_padding"):
                 kwargs.setdefault("adapter_options", {})[key] = value
             elif key.startswith("drafter."):
                 drafter_options[key.removeprefix("drafter.")] = value

@@ -115,10 +115,11 @@ class Session:
 
     def _products(self, runners: dict[str, Any]) -> dict[str, str] | None:
         """How each eesd method's model adapter ran its short passes (chosen during the run)."""
+        from eesd_bench.env import products_of
         from eesd_bench.runners import EesdRunner
 
         described = {
-            name: runner.decoder.adapter.products.describe()
+            name: products_of(runner.decoder.adapter)
             for name, runner in runners.items()
             if isinstance(runner, EesdRunner)
         }

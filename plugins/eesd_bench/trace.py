@@ -9,10 +9,11 @@ their accepted prefix a_t (but position 0, whose token the prefill draws with no
 the engine). Costs are measured in a second short run that cycles k through 0 .. K, and kept as
 the medians of the observed times.
 
-:func:`replay` then runs any controller against a :class:`Trace`: it hands the controller the
-recorded :class:`DraftStep` s, commits min(k, a_t) + 1 tokens, charges the modelled round time and
-moves on, exactly as the engine would. :func:`oracle_time` is the per-round ideal (dynamic
-programming over positions) and :func:`compare_controllers` tabulates controllers against it::
+:func:`replay` then runs any controller against a :class:`Trace` through a
+:class:`~eesd_core.control.Control`, as the engine does: it shows the controller the recorded
+confidences, commits min(k, a_t) + 1 tokens, charges the modelled round time and moves on, exactly
+as the engine would. :func:`oracle_time` is the per-round ideal (dynamic programming over
+positions) and :func:`compare_controllers` tabulates controllers against it::
 
     dec = SpeculativeDecoder(model, drafter="early_exit", controller="fixed", max_draft_tokens=8)
     trace = record_trace(dec, prompts, max_new_tokens=64)
@@ -23,6 +24,7 @@ programming over positions) and :func:`compare_controllers` tabulates controller
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -30,18 +32,24 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from eesd_core.config import validate
+from eesd_core.control import Control, RowDrafts, row_outcome
 from eesd_core.costs import CostTracker
 from eesd_core.errors import InputError
+from eesd_core.guards import Guarded
 from eesd_core.protocols import (
+    Confidence,
     Controller,
     Costs,
     DraftStep,
     Request,
     RoundOutcome,
+    RoundStart,
     SamplingParams,
-    Withdrawn,
 )
+from eesd_core.round import Generation
 
 # -- the record ------------------------------------------------------------------------------------
 
@@ -137,15 +145,18 @@ class _Recorder:
         self.outcomes: list[RoundOutcome] = []
 
     def start(self, request: Request) -> None:
+        return None
+
+    def begin_round(self, state: None, round: RoundStart) -> None:
         pass
 
-    def should_continue(self, step: DraftStep) -> bool:
+    def should_continue(self, state: None, step: DraftStep) -> bool:
         if self.cycle is None:
             return True
         return step.index < len(self.outcomes) % (self.cycle + 1)
 
-    def update(self, outcome: RoundOutcome) -> None:
-        self.outcomes.append(outcome)
+    def update(self, state: None, outcomes: Sequence[RoundOutcome]) -> None:
+        self.outcomes.extend(outcomes)
 
 
 class _OneToken:
@@ -155,20 +166,26 @@ class _OneToken:
         self.inner = inner
         self.accepted: list[int] = []
 
-    def verify(self, draft_tokens: Any, q: Any, p: Any, rng: Any) -> tuple[int, int]:
-        self.accepted.append(self.inner.verify(draft_tokens, q, p, rng)[0])
-        return self.inner.verify(draft_tokens[:0], None, p[:1], rng)
+    def verify(
+        self, drafts: Sequence[torch.Tensor], qs: Sequence[Any], p: torch.Tensor, rngs: Sequence[Any]
+    ) -> list[tuple[int, int]]:
+        self.accepted.extend(n for n, _ in self.inner.verify(drafts, qs, p, rngs))
+        return self.inner.verify([d[:0] for d in drafts], [None] * len(drafts), p[:, :1], rngs)
 
 
-def _swapped(decoder: Any, controller: Any, run: Callable[[], Any]) -> tuple[Any, _OneToken]:
-    """``run()`` with the decoder's controller and verifier temporarily replaced."""
-    saved = decoder.controller, decoder.verifier
+def _recorded(
+    decoder: Any, controller: Any, prompt: Sequence[int], **settings: Any
+) -> tuple[Generation, _OneToken]:
+    """One greedy generation of ``prompt`` by ``decoder``'s engine, ``controller`` deciding and one
+    target token committed per round; the decoder itself is left as it is."""
+    prompt = list(prompt)
+    checked = decoder.stream(prompt, temperature=0.0, **settings)  # the decoder's checks and defaults
     verifier = _OneToken(decoder.verifier)
-    decoder.controller, decoder.verifier = controller, verifier
-    try:
-        return run(), verifier
-    finally:
-        decoder.controller, decoder.verifier = saved
+    parts = dataclasses.replace(decoder.parts(), controller=controller, verifier=verifier, withdraws=False)
+    generation = Generation(parts, [prompt], checked.config, checked.rngs, single=True)
+    for _ in generation:
+        pass
+    return generation, verifier
 
 
 def record_prompt(decoder: Any, prompt: Sequence[int], max_new_tokens: int) -> PromptTrace:
@@ -176,18 +193,19 @@ def record_prompt(decoder: Any, prompt: Sequence[int], max_new_tokens: int) -> P
     if decoder.drafter is None:
         raise InputError("A trace needs a decoder with a drafter; this one decodes plainly.")
     recorder = _Recorder()
-
-    def run() -> Any:
-        return decoder.generate(list(prompt), max_new_tokens=max_new_tokens, temperature=0.0)
-
-    result, verifier = _swapped(decoder, recorder, run)
+    generation, verifier = _recorded(decoder, recorder, prompt, max_new_tokens=max_new_tokens)
     # the first token is the prefill's, drawn with no drafts: its position has none
-    positions = (Position(0, 0),) + tuple(
-        Position(o.drafted, n, o.top1, o.probs, o.entropies)
-        for n, o in zip(verifier.accepted[1:], recorder.outcomes, strict=True)
-    )
-    tokens = tuple(result.sequences[0, len(prompt) :].tolist())
-    return PromptTrace(len(prompt), tokens, positions[: len(tokens)])
+    positions = [Position(0, 0)]
+    for n, outcome in zip(verifier.accepted[1:], recorder.outcomes, strict=True):
+        seen = outcome.confidences  # every draft was drawn, so each has its q(d)
+        top1, prob, entropy = (
+            tuple(c.top1 for c in seen),
+            tuple(c.prob or 0.0 for c in seen),
+            tuple(c.entropy for c in seen),
+        )
+        positions.append(Position(outcome.drafted, n, top1, prob, entropy))
+    tokens = tuple(generation.sequence[len(prompt) :])
+    return PromptTrace(len(prompt), tokens, tuple(positions[: len(tokens)]))
 
 
 def measure_costs(decoder: Any, prompt: Sequence[int], cycles: int = 4) -> CostModel:
@@ -200,12 +218,7 @@ def measure_costs(decoder: Any, prompt: Sequence[int], cycles: int = 4) -> CostM
     k_max = decoder.config.max_draft_tokens
     recorder = _Recorder(cycle=k_max)
     rounds = (cycles + 1) * (k_max + 1)
-
-    def run() -> Any:
-        length = rounds + k_max + 1
-        return decoder.generate(list(prompt), max_new_tokens=length, temperature=0.0, eos_token_id=[])
-
-    _swapped(decoder, recorder, run)
+    _recorded(decoder, recorder, prompt, max_new_tokens=rounds + k_max + 1, eos_token_id=[])
     kept = recorder.outcomes[k_max + 1 : rounds]
     by_k = {k: [o for o in kept if o.drafted == k] for k in range(k_max + 1)}
     propose = {k: statistics.median(o.draft_time for o in got) for k, got in by_k.items() if got}
@@ -267,12 +280,14 @@ def replay(
 
     With ``learn_costs`` the controller sees costs the way a fresh decoder measures them (nothing
     until observed, then the modelled times of the rounds it ran); otherwise the full cost model.
-    With ``withdraws`` a controller that has ``keep`` is asked it, as the engine asks it of one
-    sequence; a withdrawn draft costs the peek, ``draft_step - propose_base``.
+    With ``withdraws`` a controller that declares ``withdraws`` is asked ``keep``, as the engine
+    asks it; a withdrawn draft costs the peek, ``draft_step - propose_base``. A trace keeps no
+    draft tokens: the controller sees ``DraftStep.token`` None.
     """
     tracker = CostTracker(trace.max_k, smoothing=1.0)
     fixed = trace.costs.as_costs()
     peek = max(trace.costs.draft_step - trace.costs.propose_base, 0.0)
+    guard = Guarded(0, None, type(controller).__name__, "replay")
     result = ReplayResult()
     for prompt in trace.prompts:
         costs = tracker.snapshot() if learn_costs else fixed
@@ -283,13 +298,13 @@ def replay(
             max_draft_tokens=trace.max_k,
             sampling=SamplingParams(),
             costs=costs,
-            withdraws=withdraws and callable(getattr(controller, "keep", None)),
+            withdraws=withdraws and getattr(controller, "withdraws", False) is True,
         )
-        controller.start(request)
+        control = Control(controller, guard, request)
         t = 0
         while t < n_tokens:
             costs = tracker.snapshot() if learn_costs else fixed
-            k, n, taken_back = _round(controller, prompt, t, costs, trace.costs, request.withdraws)
+            k, n, taken_back = _round(control, prompt, t, costs, trace.costs)
             extra = peek if taken_back else 0.0
             propose = trace.costs.propose_base + k * trace.costs.draft_step + extra
             tracker.observe(k, propose, trace.costs.verify[k], withdrawn=taken_back)
@@ -304,48 +319,43 @@ def replay(
     return result
 
 
+_NO_LOGITS = torch.empty(0)  # a replayed draft taken back is judged by the trace, not by logits
+
+
 def _round(
-    controller: Controller, prompt: PromptTrace, t: int, costs: Costs, model: CostModel, withdraws: bool
+    control: Control, prompt: PromptTrace, t: int, costs: Costs, model: CostModel
 ) -> tuple[int, int, bool]:
     """One round at recorded position t: (k drafted, n accepted, whether a draft was taken back),
     after the controller's update."""
     pos = prompt.positions[t]
-    limit = pos.drafts
-    keep = getattr(controller, "keep", None) if withdraws else None
-    k = 0
-    withdrawn = None
-    step = DraftStep(index=0, max_draft_tokens=limit, costs=costs)
-    while k < limit and controller.should_continue(step):
-        top1, entropy = _at(pos.top1, k + 1), _at(pos.entropy, k + 1)
-        if keep is not None and not keep(DraftStep(k + 1, limit, costs, top1=top1, entropy=entropy)):
-            judged = float(pos.accepted > k) if pos.accepted >= k else None
-            withdrawn = Withdrawn(1.0 if top1 is None else top1, 0.0 if entropy is None else entropy, judged)
+    control.begin([0], costs, [pos.drafts], [True])
+    drafts = RowDrafts()
+    while control.ask(0, drafts):
+        k = len(drafts.tokens)
+        seen = _seen(pos, k + 1, drawn=False)
+        if not control.keep(0, k, seen):  # None: the trace has no confidences
+            drafts.withdrawn = (seen or Confidence(None, 1.0, 0.0), None, _NO_LOGITS)
             break
-        k += 1
-        step = DraftStep(
-            index=k,
-            max_draft_tokens=limit,
-            costs=costs,
-            prob=_at(pos.prob, k),
-            top1=_at(pos.top1, k),
-            entropy=_at(pos.entropy, k),
-        )
+        drafts.add(None, _seen(pos, k + 1, drawn=True))  # a replay has no draft tokens
+    k = len(drafts.tokens)
     n = min(k, pos.accepted)
-    outcome = RoundOutcome(
-        position=prompt.prompt_length + t - 1,
-        drafted=k,
-        accepted=n,
-        tokens=prompt.tokens[t : t + n + 1],
-        draft_time=model.propose_base + k * model.draft_step,
-        verify_time=model.verify[k],
-        probs=pos.prob[:k],
-        top1=pos.top1[:k],
-        entropies=pos.entropy[:k],
-        costs=costs,
-        withdrawn=withdrawn,
-    )
-    controller.update(outcome)
-    return k, n, withdrawn is not None
+    # a draft taken back after k accepted ones would have been accepted if the trace's a_t > k
+    judge = float(pos.accepted > k) if drafts.withdrawn is not None and pos.accepted >= k else None
+    times = (model.propose_base + k * model.draft_step, model.verify[k])
+    tokens = prompt.tokens[t : t + n + 1]
+    position = prompt.prompt_length + t - 1
+    control.end([row_outcome(position, drafts, n, tokens, times, control.costs, 0, judge)])
+    return k, n, drafts.withdrawn is not None
+
+
+def _seen(pos: Position, k: int, drawn: bool) -> Confidence | None:
+    """The confidence the drafter reported of draft k (from 1) at ``pos``, as the engine shows it
+    (no q(d) before the draft is drawn); None where the trace has none."""
+    top1 = _at(pos.top1, k)
+    if top1 is None:
+        return None
+    entropy = _at(pos.entropy, k)
+    return Confidence(_at(pos.prob, k) if drawn else None, top1, 0.0 if entropy is None else entropy)
 
 
 def _at(values: tuple[float, ...], k: int) -> float | None:

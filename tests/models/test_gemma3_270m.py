@@ -29,7 +29,7 @@ SETTINGS = [
         drafter_options={"exit_layer": 12, "head": None},
         controller="fixed",
         controller_options={"k": 4},
-        adapter_options={"matmul": "transposed"},
+        adapter_options={"products": "transposed"},
     ),
 ]
 

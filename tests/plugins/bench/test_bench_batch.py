@@ -12,7 +12,8 @@ from eesd_bench.batch import batched_methods, interleave, left_pad, make_batch, 
 from eesd_bench.prompts import Question
 from tinymodels import make_tiny
 
-from eesd_core.cli import encode_prompt, main
+from eesd_core.cli import main
+from eesd_core.tools import encode_prompt
 
 VOCAB = 259
 MAX_NEW = 12

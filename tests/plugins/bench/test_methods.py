@@ -29,12 +29,12 @@ def test_custom_spec_sorts_keys_into_decoder_and_plugin_options() -> None:
     assert calibration.decoder_kwargs()["controller_options"] == {"variant": "calibration", "alpha0": 0.5}
 
 
-def test_matmul_goes_to_the_model_adapter() -> None:
+def test_products_go_to_the_model_adapter() -> None:
     kwargs = parse_method("eesd_plain_standard").decoder_kwargs()
-    assert kwargs["adapter_options"] == {"matmul": "standard"} and "matmul" not in kwargs
+    assert kwargs["adapter_options"] == {"products": "standard"} and "products" not in kwargs
     assert "adapter_options" not in parse_method("eesd").decoder_kwargs()
-    both = parse_method("eesd:matmul=standard,skip_padding=false").decoder_kwargs()
-    assert both["adapter_options"] == {"matmul": "standard", "skip_padding": False}
+    both = parse_method("eesd:products=standard,skip_padding=false").decoder_kwargs()
+    assert both["adapter_options"] == {"products": "standard", "skip_padding": False}
     assert parse_method("eesd_default_dense").decoder_kwargs()["adapter_options"] == {"skip_padding": False}
     dense_plain = parse_method("eesd_plain_dense").decoder_kwargs()
     assert dense_plain["adapter_options"] == {"skip_padding": False} and dense_plain["drafter"] is None

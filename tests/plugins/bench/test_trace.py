@@ -62,12 +62,15 @@ class Confident:
     """Drafts while the latest draft's top-1 is at least one half."""
 
     def start(self, request):
+        return None
+
+    def begin_round(self, state, round):
         pass
 
-    def should_continue(self, step):
-        return step.index == 0 or step.top1 >= 0.5
+    def should_continue(self, state, step):
+        return step.index == 0 or step.confidence.top1 >= 0.5
 
-    def update(self, outcome):
+    def update(self, state, outcomes):
         pass
 
 
@@ -75,6 +78,41 @@ def test_replay_hands_the_recorded_confidences_to_the_controller():
     result = replay(hand_trace(), Confident(), learn_costs=False)
     # t=0: drafts 0.9 0.9 0.9 -> 4 tokens; t=4: one draft 0.1, rejected; t=5: nothing to draft
     assert (result.rounds, result.drafted, result.accepted) == (3, 4, 3)
+
+
+class TakesSecondBack:
+    """Takes every round's second draft back, on its q alone."""
+
+    withdraws = True
+
+    def __init__(self):
+        self.judged = []
+
+    def start(self, request):
+        assert request.withdraws
+
+    def begin_round(self, state, round):
+        pass
+
+    def should_continue(self, state, step):
+        return True
+
+    def keep(self, state, step):
+        assert step.token is None and step.confidence.prob is None and step.confidence.top1 in (0.1, 0.9)
+        return step.index != 2
+
+    def update(self, state, outcomes):
+        self.judged += [o.withdrawn.acceptance for o in outcomes if o.withdrawn is not None]
+
+
+def test_replay_judges_drafts_taken_back_by_the_trace():
+    ctrl = TakesSecondBack()
+    result = replay(hand_trace(), ctrl, learn_costs=False)
+    # t=0: one draft, the second (accepted there) taken back; t=2: likewise, rejected there;
+    # t=4: the one draft allowed, rejected; t=5: a plain step. Each draft taken back costs a peek.
+    assert ctrl.judged == [1.0, 0.0] and result.withdrawn == 2
+    assert (result.tokens, result.rounds, result.drafted, result.accepted) == (6, 4, 3, 2)
+    assert result.time == pytest.approx(11 + 1 + 11 + 1 + 11 + 10)
 
 
 def test_json_round_trip(tmp_path):
@@ -91,13 +129,16 @@ class Silent:
         self.seen = []
 
     def start(self, request):
+        return None
+
+    def begin_round(self, state, round):
         pass
 
-    def should_continue(self, step):
-        self.seen.append(step.top1)
+    def should_continue(self, state, step):
+        self.seen.append(step.confidence)
         return step.index < 2
 
-    def update(self, outcome):
+    def update(self, state, outcomes):
         pass
 
 
@@ -181,6 +222,20 @@ def test_recorded_trace_follows_the_greedy_output(recorded):
                 assert pt.positions[t + 1].accepted >= pos.accepted - 1
     costs = trace.costs
     assert costs.draft_step >= 0 and costs.propose_base > 0 and len(costs.verify) == 5
+
+
+def test_recording_leaves_the_decoder_as_it_was(tiny):
+    dec = SpeculativeDecoder(
+        tiny(seed=3),
+        drafter="early_exit",
+        drafter_options={"exit_layer": 3},
+        controller="fixed",
+        max_draft_tokens=2,
+    )
+    controller, verifier = dec.controller, dec.verifier
+    trace = record_trace(dec, [[1, 5, 7]], max_new_tokens=6)
+    assert dec.controller is controller and dec.verifier is verifier
+    assert len(trace.prompts[0].tokens) == 6
 
 
 @pytest.mark.parametrize("k", [1, 3])
