@@ -12,7 +12,7 @@ USER_PRODUCTS_DIR = os.environ.get("EESD_PRODUCTS_DIR")  # as the suite found it
 
 @pytest.fixture(scope="session", autouse=True)
 def _own_product_decisions(tmp_path_factory: pytest.TempPathFactory):
-    """The suite keeps its calibrations of short-pass products (:mod:`eesd_core.models.products`)
+    """The suite keeps its calibrations of linear products (:mod:`eesd_products.products`)
     in a folder of its own: it neither reads the user's decisions nor leaves its own behind. Tests
     of real checkpoints opt back in (``real_checkpoint``), as they use the user's models."""
     os.environ["EESD_PRODUCTS_DIR"] = str(tmp_path_factory.mktemp("products"))

@@ -32,7 +32,9 @@ keeps it (and the controller does not see a new request at every step).
 
 **Drafting.** For each row the controller (Thompson by default) decides before every draft token,
 zero included, from what it learnt of acceptance and from the measured costs: this proposer's own
-time, and the time vLLM takes between two calls, which is its verification pass. Every step is
+time, and the time vLLM takes between two calls, which is its verification pass. It sees each
+request as a generation of one row whose rounds are vLLM's steps, through a
+:class:`~eesd_core.control.Control` of its own, as eesd's engine shows it its rounds. Every step is
 reported to it, plain ones too (a controller that learns costs by k needs both), and the first
 costs it sees are not a cold call's: the proposer drafts twice for throwaway requests when it
 loads. A row that drafts nothing this step costs nothing: the tokens its cache lacks wait until it
@@ -46,10 +48,10 @@ steps that drafted were measured slower than plain ones would have been, probing
 
 The rows that draft do so together, one pass of layers [0, N) and the head per draft step
 for all of them (the drafter's batch path over their caches, joined for the round), and a row the
-controller stops takes no more drafts. Drafts are the exit head's argmax. A controller with
-``keep`` (the Thompson controller's default) is shown each draft's confidence before the draft is
-proposed and may take it back; whether vLLM would have accepted it is read from the next step's
-tokens when every draft before it was accepted: the token vLLM sampled at its position.
+controller stops takes no more drafts. Drafts are the exit head's argmax. A controller that
+declares ``withdraws`` (the Thompson controller does) is shown each draft's confidence before the
+draft is proposed and may take it back; whether vLLM would have accepted it is read from the next
+step's tokens when every draft before it was accepted: the token vLLM sampled at its position.
 
 **Lossless.** vLLM's rejection sampler treats drafts given as token ids alone as drawn from a
 one-hot q on each draft: at temperature 0 a draft is kept iff it is the target's argmax, and at
@@ -62,6 +64,7 @@ Taking a draft back changes only how many drafts vLLM sees, which any controller
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,19 +72,21 @@ from typing import Any
 import numpy as np
 import torch
 
-from eesd_core.costs import CostTracker
+from eesd_core.cache import BatchLayout
+from eesd_core.control import Control, RowDrafts, row_outcome
+from eesd_core.costs import CostBook, CostTracker
 from eesd_core.devices import HOST
 from eesd_core.errors import ConfigError
-from eesd_core.generation import sample_draft
-from eesd_core.protocols import DraftStep, Request, RoundOutcome, SamplingParams, Withdrawn
+from eesd_core.guards import Guarded
+from eesd_core.protocols import Confidence, Request, SamplingParams
+from eesd_core.sampling import confidence
 from eesd_vllm.fixes import repair_cpu_expand
 from eesd_vllm.gate import DraftGate
 from eesd_vllm.options import ProposerOptions, read_options
 
 GREEDY = SamplingParams()
-BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
-PLANNED_ROWS = 16
-Signal = tuple[float, float, float]  # a draft's q(token), top-1 probability and entropy
+BATCH_ROWS = 16  # passes over up to this many positions have products decided at start
+LARGEST_BUCKET = 64  # steps of more requests share the costs and the gate of 64
 HEADS = Path(__file__).resolve().parent / "heads"
 
 
@@ -92,7 +97,9 @@ def _capturing() -> bool:
 
 
 def _bucket(rows: int) -> int:
-    return next((b for b in BATCH_BUCKETS if rows <= b), BATCH_BUCKETS[-1])
+    """The batch size whose costs and gate a step of ``rows`` requests shares: ``rows`` rounded
+    up to a power of two (as a :class:`~eesd_core.costs.CostBook` rounds it), at most 64."""
+    return 1 << (max(min(rows, LARGEST_BUCKET), 1) - 1).bit_length()
 
 
 def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
@@ -133,16 +140,29 @@ class TopRecord:
 
 @dataclass
 class RequestCache:
-    """The proposer's part of one request: its layers-[0, N) cache and the tokens in it."""
+    """The proposer's part of one request: its layers-[0, N) cache and the tokens in it, and the
+    controller's view of its rounds (one round per engine step)."""
 
-    state: Any  # the early-exit drafter's ExitState (shared cache and exit cache)
+    state: Any  # the early-exit drafter's one-row ExitState (shared cache and exit cache)
     tokens: np.ndarray  # token ids the caches hold, position t at t
-    drafts: list[int] = field(default_factory=list)  # proposed last step, after ``committed``
-    committed: int = 0  # the request's length when those drafts were proposed
-    signals: tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]] = ((), (), ())
-    withdrawn: tuple[int, float, float] | None = None  # taken back after ``drafts``: token, top-1, entropy
-    costs: Any = None  # the costs (of its batch size) of the step that proposed ``drafts``
+    control: Control
+    round: RowDrafts = field(default_factory=RowDrafts)  # proposed last step, after ``committed``
+    committed: int = 0  # the request's length when those drafts were proposed (0: no round yet)
     seen: np.ndarray | None = None  # the committed tokens of the request that claimed it last step
+
+
+class _Histories(Sequence[torch.Tensor]):
+    """Each row's committed tokens and drafts so far ``[T]``, built only if the drafter reads them."""
+
+    def __init__(self, tokens: list[np.ndarray], drafts: list[RowDrafts]) -> None:
+        self.tokens, self.drafts = tokens, drafts
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def __getitem__(self, j: Any) -> Any:
+        both = np.concatenate([self.tokens[j], np.asarray(self.drafts[j].tokens, dtype=self.tokens[j].dtype)])
+        return torch.as_tensor(both, dtype=torch.long)
 
 
 class EarlyExitProposer:
@@ -168,7 +188,7 @@ class EarlyExitProposer:
         self.eager = bool(getattr(model_config, "enforce_eager", True))
         self._forward: tuple[np.ndarray, np.ndarray, np.ndarray, torch.Tensor] | None = None
         self._positions: tuple[torch.Tensor, torch.Tensor] | None = None
-        self.trackers: dict[int, CostTracker] = {}
+        self.costs = CostBook(self.max_k)  # per batch size (``_bucket``)
         # rows, most drafts, propose seconds, end, whether a row with the most drafts took one
         # back, and the positions the next pass verifies at most
         self._previous: tuple[int, int, float, float, bool, int] | None = None
@@ -212,7 +232,6 @@ class EarlyExitProposer:
         else:
             options = validate(entry.options, self.options.controller_options, "controller options")
             self.controller = entry.factory(options)
-        self.keep = getattr(self.controller, "keep", None)
         head = self.options.head
         if head not in (None, "auto") and not Path(head).is_file():
             raise ConfigError(f"eesd proposer: no exit-head file at {str(head)!r}.")
@@ -223,6 +242,8 @@ class EarlyExitProposer:
                 f"eesd proposer: cannot load {self.path!r} through transformers: {exc}"
             ) from None
         self.adapter = find_adapter(model.eval())
+        self.guard = Guarded(self.adapter.vocab_size, "early_exit", self.options.controller, "vllm")
+        self.guard.check_contract("controller", self.controller)
         drafters = registry("drafter").get("early_exit")
         # "auto": where vLLM runs eagerly, the drafter's own shipped head (which may read the
         # target's top states); then this package's heads, which read layer N alone
@@ -252,9 +273,6 @@ class EarlyExitProposer:
             )
         if not hasattr(self.drafter, "extend"):
             raise ConfigError("eesd proposer: this early-exit drafter cannot take states it did not run.")
-        # the products of passes over up to PLANNED_ROWS positions (requests x inputs), chosen
-        # while every layer is here (a calibration on a CPU, kept on disk for later starts)
-        self.adapter.prepare(PLANNED_ROWS)
         for layer in model.model.layers[self.drafter.shared_layers :]:
             layer.to("meta")  # never run here: vLLM verifies with its own copy
         self.kept_bytes = sum(
@@ -266,32 +284,44 @@ class EarlyExitProposer:
     def _warm_up(self) -> None:
         """Two throwaway requests drafting alone and together, so that the first costs the
         controller measures are not those of a cold first call (which, measured once, would
-        keep it from ever drafting)."""
-        hidden = self.adapter.hidden_size
+        keep it from ever drafting). First, on a CPU, the products of passes over up to
+        ``BATCH_ROWS`` positions (requests x inputs) are decided, timing the layers kept here,
+        so that no step of the engine waits on a timing."""
+        hidden, drafter = self.adapter.hidden_size, self.drafter
         with torch.inference_mode():
+            if self.adapter.products is not None:
+                self.adapter.products.product(BATCH_ROWS)
             entries = []
             for length in (9, 6):
-                cache = self.adapter.new_cache(num_layers=self.drafter.shared_layers)
-                state = self.drafter.begin(cache, torch.empty(0, dtype=torch.long, device=HOST), None)
-                if self.drafter.reads_top_states:
-                    state.tops = torch.zeros(16, hidden, dtype=self.adapter.dtype, device=self.adapter.device)
-                    state.top_count = length - 1
+                state = self._new_state()
+                if drafter.reads_top_states:
+                    size = (1, 16, hidden)
+                    state.tops = torch.zeros(size, dtype=self.adapter.dtype, device=self.adapter.device)
                 tokens = np.arange(1, length + 1) % self.adapter.vocab_size
-                entry = RequestCache(state, tokens[:0].copy())
-                self._catch_up(entry, tokens)
-                entries.append((entry, tokens))
-            history = torch.as_tensor(entries[0][1], dtype=torch.long)
-            state, position = entries[0][0].state, len(entries[0][1]) - 1
+                self._lower(state, tokens[:-1], 0)
+                entries.append((state, tokens))
+            (state, tokens), (other, _) = entries
+            position, one = len(tokens) - 1, torch.ones(1, dtype=torch.long)
+            history = _Histories([tokens], [RowDrafts()])
             for i in range(2):
-                self.drafter.step(state, 1, position + i, history)
-            self.drafter.finish(state, None, position + 1)
+                drafter.step(state, one, position + i, [True], history)
+            drafter.finish(state, None, position + 2)
             state.cache.crop(position)
-            self.drafter.rollback(state, position)
-            joined = self.drafter.join([entries[1][0].state, state], extra=3)
-            rows = torch.ones(2, dtype=torch.long)
+            drafter.rollback(state, position)
+            joined = drafter.join([other, state], extra=3)
+            width, both = joined.layout.slots, [True, True]
+            histories = _Histories([entries[1][1], tokens], [RowDrafts(), RowDrafts()])
             for i in range(2):
-                self.drafter.step_batch(joined, rows, joined.layout.slots + i, rows.bool())
-            self.drafter.finish_batch(joined, None, joined.layout.slots + 2)
+                joined.layout.mark(width + i, both, [len(entries[1][1]) - 1 + i, position + i])
+                drafter.step(joined, torch.ones(2, dtype=torch.long), width + i, both, histories)
+            drafter.finish(joined, None, width + 2)
+
+    def _new_state(self) -> Any:
+        """A request's drafter state: one row laid out densely (slot = position) over a cache of
+        layers [0, N) of its own."""
+        cache = self.adapter.new_cache(num_layers=self.drafter.shared_layers)
+        layout = BatchLayout(1, self.max_model_len, self.adapter.device)
+        return self.drafter.begin(cache, layout, None)
 
     def _shipped_heads(self) -> list[Path]:
         """Heads shipped with this package that fit the model's shape and the asked exit layer
@@ -412,7 +442,7 @@ class EarlyExitProposer:
         self.stats["gated"] += not may_draft
         lengths: dict[int, int] = {}  # id of a claimed cache -> the request's length now
         out: list[list[int]] = [[] for _ in range(rows)]
-        group: list[tuple[int, RequestCache, np.ndarray, int]] = []  # row, cache, tokens, room
+        group: list[tuple[int, RequestCache, np.ndarray]] = []  # the rows drafting: row, cache, tokens
         forward, self._forward = self._forward, None
         caught = 0.0  # catching up on a backlog longer than a round: not a cost of this step's drafts
         with torch.inference_mode():
@@ -427,38 +457,39 @@ class EarlyExitProposer:
                 tokens = wanted[row]
                 length = len(tokens)
                 lengths[id(entry)] = length
-                self._learn(entry, tokens, row, costs)
-                entry.committed, entry.costs = length, costs
-                room = min(self.max_k, self.max_model_len - 1 - length)
+                self._learn(entry, tokens)
+                entry.committed = length
+                limit = min(self.max_k, self.max_model_len - 1 - length) if may_draft else 0
                 if self.drafter.reads_top_states:
                     record = records[row]
                     if record is None or len(record.tokens) < length - 1:
                         self.stats["without_top_states"] += 1
-                        continue  # some committed position's top state was never seen: no drafts
-                    entry.state.tops, entry.state.top_count = record.states, length - 1
-                if not may_draft or room <= 0:
-                    continue
-                if self.controller.should_continue(DraftStep(0, room, costs, row=row)):
+                        limit = 0  # some committed position's top state was never seen: no drafts
+                    else:
+                        entry.state.tops = record.states[None]
+                control = entry.control
+                control.begin([row], costs, [max(limit, 0)], [True])  # a plain step is a round too
+                if control.ask(0, entry.round):
                     if len(tokens) - 1 - len(entry.tokens) > self.max_k + 1:  # a long backlog, alone
                         caught -= time.perf_counter()
                         self._catch_up(entry, tokens)
                         caught += time.perf_counter()
-                    group.append((row, entry, tokens, room))
+                    group.append((row, entry, tokens))
             if len(group) == 1:
-                row, entry, tokens, room = group[0]
-                out[row] = self._draft(entry, tokens, row, room, costs)
+                row, entry, tokens = group[0]
+                out[row] = self._draft(entry, tokens)
             elif group:
-                for (row, *_), drafts in zip(group, self._draft_together(group, costs), strict=True):
+                for (row, *_), drafts in zip(group, self._draft_together(group), strict=True):
                     out[row] = drafts
         self._score(seconds, lengths, costs)
         if group:  # each request's cache, its length now, and the most it can commit: drafts + 1
-            most = {id(entry): len(out[row]) + 1 for row, entry, _, _ in group}
+            most = {id(entry): len(out[row]) + 1 for row, entry, _ in group}
             self._scored = [(e, e.committed, most.get(id(e), 1)) for e in self.caches if id(e) in lengths]
         else:
             self._scored = None
         finished = time.perf_counter()
         longest = max(map(len, out), default=0)
-        peeked = any(entry.withdrawn is not None and len(entry.drafts) == longest for _, entry, _, _ in group)
+        peeked = any(e.round.withdrawn is not None and len(e.round.tokens) == longest for _, e, _ in group)
         positions = rows + sum(map(len, out))  # what the next pass verifies, at most
         self._previous = (rows, longest, finished - started - caught, finished, peeked, positions)
         self._spent = finished - started  # all of it, catching up included (the gate's score)
@@ -553,10 +584,7 @@ class EarlyExitProposer:
         return out
 
     def _tracker(self, rows: int) -> CostTracker:
-        bucket = _bucket(rows)
-        if bucket not in self.trackers:
-            self.trackers[bucket] = CostTracker(self.max_k, batch_size=bucket)
-        return self.trackers[bucket]
+        return self.costs(_bucket(rows))
 
     def _observe_step(self, now: float) -> float | None:
         """The previous step's costs: this proposer's time, and vLLM's pass in between; the
@@ -623,7 +651,8 @@ class EarlyExitProposer:
 
     def _claim(self, tokens: np.ndarray, claimed: set[int]) -> RequestCache:
         """The free cache sharing the longest prefix with ``tokens``; else the request's own
-        empty one (a request that has drafted nothing yet, on another row); else a new one."""
+        empty one (a request that has drafted nothing yet, on another row); else a new one, with
+        the controller started for a new request."""
         best, best_len = None, 0
         free = [entry for entry in self.caches if id(entry) not in claimed]
         for entry in free:
@@ -633,14 +662,13 @@ class EarlyExitProposer:
         if best is None:
             best = next((entry for entry in free if _owns(entry, tokens)), None)
         if best is None:
-            cache = self.adapter.new_cache(num_layers=self.drafter.shared_layers)
-            state = self.drafter.begin(cache, torch.empty(0, dtype=torch.long, device=HOST), None)
-            best = RequestCache(state, tokens[:0].copy())
-            self.caches.append(best)
             room = self.max_model_len - len(tokens)
             costs = self._tracker(1).snapshot()
-            request = Request(len(tokens), room, self.max_k, GREEDY, costs, withdraws=self.keep is not None)
-            self.controller.start(request)
+            withdraws = self.drafter.withdraws and getattr(self.controller, "withdraws", False) is True
+            request = Request(len(tokens), room, self.max_k, GREEDY, costs, withdraws=withdraws)
+            control = Control(self.controller, self.guard, request)
+            best = RequestCache(self._new_state(), tokens[:0].copy(), control)
+            self.caches.append(best)
         claimed.add(id(best))
         return best
 
@@ -650,47 +678,32 @@ class EarlyExitProposer:
             self.drafter.rollback(entry.state, length)
             entry.tokens = entry.tokens[:length]
 
-    def _learn(self, entry: RequestCache, tokens: np.ndarray, row: int, costs: Any) -> None:
-        """Tell the controller how many of the drafts proposed last step were kept, and whether the
-        draft it took back after them would have been: the token vLLM sampled at its position once
-        every draft before it was accepted, as plain decoding there does (greedy: the argmax; else a
-        draw from p, so 1 with probability p(draft), the chance the draft had)."""
-        start = entry.committed
-        costs = costs if entry.costs is None else entry.costs  # those of the step it learns about
-        if not entry.drafts and entry.withdrawn is None:
-            if start and len(tokens) > start:  # a plain step: the controller learns what it costs too
-                plain = RoundOutcome(start - 1, 0, 0, (int(tokens[start]),), 0, 0, (), (), (), costs, row=row)
-                self.controller.update(plain)
+    def _learn(self, entry: RequestCache, tokens: np.ndarray) -> None:
+        """End the request's round of last step: tell the controller how many of the drafts it
+        proposed were kept, and whether the draft it took back after them would have been: the
+        token vLLM sampled at its position once every draft before it was accepted, as plain
+        decoding there does (greedy: the argmax; else a draw from p, so 1 with probability
+        p(draft), the chance the draft had)."""
+        start, drafts, control = entry.committed, entry.round, entry.control
+        entry.round = RowDrafts()
+        if not start:
+            return  # no round yet: the request is new
+        k = len(drafts.tokens)
+        if not k and drafts.withdrawn is None:
+            if len(tokens) > start:  # a plain step: the controller learns what it costs too
+                plain = row_outcome(start - 1, drafts, 0, (int(tokens[start]),), (0.0, 0.0), control.costs, 0)
+                control.end([plain])
             return
-        kept = common_prefix(np.asarray(entry.drafts), tokens[start : start + len(entry.drafts)])
-        k = len(entry.drafts)
-        probs, top1, entropies = entry.signals
-        withdrawn = None
-        if entry.withdrawn is not None:
-            token, top, entropy = entry.withdrawn
-            seen = None
+        kept = common_prefix(np.asarray(drafts.tokens), tokens[start : start + k])
+        judge = None
+        if drafts.withdrawn is not None:
             if kept == k and len(tokens) > start + k:
-                seen = float(int(tokens[start + k]) == token)
-            withdrawn = Withdrawn(top, entropy, seen)
+                judge = float(int(tokens[start + k]) == int(drafts.withdrawn[2].argmax()))
             self.stats["withdrawn"] += 1
-        outcome = RoundOutcome(
-            position=start - 1,
-            drafted=k,
-            accepted=kept,
-            tokens=tuple(int(t) for t in tokens[start : start + kept + 1]),
-            draft_time=0.0,
-            verify_time=0.0,
-            probs=probs,
-            top1=top1,
-            entropies=entropies,
-            costs=costs,
-            row=row,
-            withdrawn=withdrawn,
-        )
-        self.controller.update(outcome)
+        committed = tuple(int(t) for t in tokens[start : start + kept + 1])
+        control.end([row_outcome(start - 1, drafts, kept, committed, (0.0, 0.0), control.costs, 0, judge)])
         self.stats["drafted"] += k
         self.stats["accepted"] += kept
-        entry.drafts, entry.withdrawn = [], None
 
     def _catch_up(self, entry: RequestCache, tokens: np.ndarray) -> None:
         """Committed tokens the caches lack (all but the pending last): one pass through layers
@@ -699,71 +712,68 @@ class EarlyExitProposer:
         round's tokens in their joined round (:meth:`_draft_together`)."""
         done, length = len(entry.tokens), len(tokens)
         if done < length - 1:
-            behind = torch.as_tensor(tokens[done : length - 1], dtype=torch.long).to(self.adapter.device)
-            x = self.adapter.embed(behind)
-            h = self.adapter.run_layers(x, 0, self.drafter.shared_layers, entry.state.cache, done)
-            self.drafter.extend(entry.state, h, now=True)
+            self._lower(entry.state, tokens[done : length - 1], done)
             entry.tokens = tokens[: length - 1]
 
-    def _draft(self, entry: RequestCache, tokens: np.ndarray, row: int, room: int, costs: Any) -> list[int]:
+    def _lower(self, state: Any, tokens: np.ndarray, first: int) -> None:
+        """Committed ``tokens`` at positions ``first ..`` through layers [0, N) and the exit
+        layers, in a pass of their own."""
+        ids = torch.as_tensor(tokens, dtype=torch.long).to(self.adapter.device)[None]  # [1, m]
+        hidden = self.adapter.run(self.adapter.embed(ids), 0, self.drafter.shared_layers, state.cache, first)
+        self.drafter.extend(state, hidden, now=True)
+
+    def _draft(self, entry: RequestCache, tokens: np.ndarray) -> list[int]:
         """One request's round, drafting while the controller says so (it said yes to the first);
         the committed tokens its caches lack run in the first draft step's pass."""
-        state, length = entry.state, len(tokens)
+        state, length, control, drafts = entry.state, len(tokens), entry.control, entry.round
         if len(entry.tokens) < length - 1:
             behind = torch.as_tensor(tokens[len(entry.tokens) : length - 1], dtype=torch.long)
             self.drafter.catch_up(state, behind)
-        drafts: list[int] = []
-        signals: list[Signal] = []
-        token, position = int(tokens[-1]), length - 1
-        history = torch.as_tensor(tokens, dtype=torch.long)
-        withdrawn = None
+        token, position, fed = int(tokens[-1]), length - 1, 0
+        history = _Histories([tokens], [drafts])
         while True:
-            draft = self.drafter.step(state, token, position + len(drafts), history)
-            token, _, prob, top, entropy = sample_draft(draft, GREEDY, None)  # type: ignore[arg-type]
-            if not self._keeps(row, room, costs, len(drafts), top, entropy):
-                withdrawn = (token, top, entropy)
+            draft = self.drafter.step(state, torch.tensor([token]), position + fed, [True], history)
+            fed += 1
+            logits = draft.logits[0]  # [V]
+            token, prob, top, entropy = confidence(torch.softmax(logits.float(), dim=-1), logits.argmax())
+            seen = Confidence(None, top, entropy)
+            if not control.keep(0, len(drafts.tokens), seen):
+                drafts.withdrawn = (seen, None, logits)
                 break
-            drafts.append(token)
-            signals.append((prob, top, entropy))
-            if not self._draft_on(row, room, costs, drafts, signals):
+            drafts.add(token, Confidence(prob, top, entropy))
+            if not control.ask(0, drafts):
                 break
         # the last draft is not fed through layers [0, N): vLLM may reject it, and if it is kept,
         # catching up runs it with the tokens vLLM adds (a draft taken back was never fed either)
-        fed = len(drafts) + (1 if withdrawn else 0)  # the pending token and the drafts fed
-        self.drafter.finish(state, None, position + fed - 1)
-        self._record(entry, tokens, drafts[: fed - 1], drafts, signals, withdrawn)
-        return drafts
+        self.drafter.finish(state, None, position + fed)
+        self._record(entry, tokens, drafts.tokens[: fed - 1])
+        return list(drafts.tokens)
 
-    def _draft_together(
-        self, group: list[tuple[int, RequestCache, np.ndarray, int]], costs: Any
-    ) -> list[list[int]]:
+    def _draft_together(self, group: list[tuple[int, RequestCache, np.ndarray]]) -> list[list[int]]:
         """The requests of ``group`` draft in lockstep, one pass of layers [0, N) and the head per
         draft step for all of them (the drafter's batch path over their caches, joined for the
         round, which first runs the committed tokens each cache lacks, for all of them in one
         pass); a request the controller stops feeds its last draft and takes no more."""
-        drafter, device = self.drafter, self.adapter.device
-        behind = [tokens[len(entry.tokens) : len(tokens) - 1].tolist() for _, entry, tokens, _ in group]
-        joined = drafter.join([entry.state for _, entry, _, _ in group], self.max_k + 1, behind)
+        drafter = self.drafter
+        states = [entry.state for _, entry, _ in group]
+        controls = [entry.control for _, entry, _ in group]
+        drafts = [entry.round for _, entry, _ in group]
+        behind = [tokens[len(entry.tokens) : len(tokens) - 1].tolist() for _, entry, tokens in group]
+        joined = drafter.join(states, self.max_k + 1, behind)
         self.stats["caught_together"] += sum(1 for tokens in behind if tokens)
         layout, width = joined.layout, joined.layout.slots
-        rows = len(group)
-        drafts: list[list[int]] = [[] for _ in range(rows)]
-        signals: list[list[Signal]] = [[] for _ in range(rows)]
-        feed = torch.tensor([int(tokens[-1]) for _, _, tokens, _ in group], dtype=torch.long, device=HOST)
-        feeding, drafting = [True] * rows, [True] * rows  # every request said yes to a first draft
-        withdrawn: list[tuple[int, float, float] | None] = [None] * rows
+        history = _Histories([tokens for _, _, tokens in group], drafts)
+        pending = [len(tokens) - 1 for _, _, tokens in group]
+        feed = torch.tensor([int(tokens[-1]) for _, _, tokens in group], dtype=torch.long, device=HOST)
+        feeding, drafting = [True] * len(group), [True] * len(group)  # each said yes to a first draft
         steps = 0
         while True:
-            layout.valid[:, width + steps] = torch.tensor(feeding, device=layout.valid.device)
-            layout.positions[:, width + steps] = torch.tensor(
-                [len(tokens) - 1 + steps for _, _, tokens, _ in group], device=layout.positions.device
-            )
+            layout.mark(width + steps, feeding, [at + steps for at in pending])
             if steps:
-                for j, (row, _, _, room) in enumerate(group):
-                    drafting[j] = feeding[j] and self._draft_on(row, room, costs, drafts[j], signals[j])
+                drafting = [on and c.ask(0, d) for on, c, d in zip(feeding, controls, drafts, strict=True)]
             if not any(drafting):
                 break
-            logits = drafter.step_batch(joined, feed, width + steps, torch.tensor(drafting, device=device))
+            logits = drafter.step(joined, feed, width + steps, drafting, history).logits  # [B, V]
             chosen = logits.argmax(-1)
             probs = torch.softmax(logits.float(), dim=-1)
             read = torch.stack(
@@ -775,53 +785,27 @@ class EarlyExitProposer:
                 ]
             ).T.tolist()
             for j, (token, prob, top, entropy) in enumerate(read):
-                row, _, _, room = group[j]
-                if drafting[j] and not self._keeps(row, room, costs, len(drafts[j]), top, entropy):
-                    withdrawn[j], drafting[j], feed[j] = (int(token), top, entropy), False, 0  # input is in
+                seen = Confidence(None, top, entropy)
+                if drafting[j] and not controls[j].keep(0, len(drafts[j].tokens), seen):
+                    drafts[j].withdrawn = (seen, None, logits[j])
+                    drafting[j], feed[j] = False, 0  # its input is in
                 elif drafting[j]:
-                    drafts[j].append(int(token))
-                    signals[j].append((prob, top, entropy))
+                    drafts[j].add(int(token), Confidence(prob, top, entropy))
                     feed[j] = int(token)
                 else:
                     feed[j] = 0
             feeding = list(drafting)
             steps += 1
         # a request still drafting at the end does not feed its last draft (see ``_draft``)
-        fed = [len(made) + (0 if last else 1) for made, last in zip(drafts, feeding, strict=True)]
-        hidden = drafter.finish_batch(joined, None, width + steps)
-        drafter.part(joined, [entry.state for _, entry, _, _ in group], fed, hidden)
-        rounds = zip(group, drafts, fed, signals, withdrawn, strict=True)
-        for (_, entry, tokens, _), made, n, signal, back in rounds:
-            self._record(entry, tokens, made[: n - 1], made, signal, back)
+        fed = [len(d.tokens) + (0 if last else 1) for d, last in zip(drafts, feeding, strict=True)]
+        hidden = drafter.finish(joined, None, width + steps)
+        drafter.part(joined, states, fed, hidden)
+        for (_, entry, tokens), d, n in zip(group, drafts, fed, strict=True):
+            self._record(entry, tokens, d.tokens[: n - 1])
         self.stats["joined_rounds"] += 1
-        return drafts
+        return [list(d.tokens) for d in drafts]
 
-    def _draft_on(self, row: int, room: int, costs: Any, drafts: list[int], signals: list[Signal]) -> bool:
-        """Whether the controller lets a request that drafted ``drafts`` draft one more."""
-        if len(drafts) >= room:
-            return False
-        prob, top, entropy = signals[-1]
-        step = DraftStep(len(drafts), room, costs, drafts[-1], prob, top, entropy, row)
-        return self.controller.should_continue(step)
-
-    def _keeps(self, row: int, room: int, costs: Any, made: int, top: float, entropy: float) -> bool:
-        """Whether the controller keeps the draft after ``made`` ones, from its q alone."""
-        if self.keep is None:
-            return True
-        return bool(self.keep(DraftStep(made + 1, room, costs, None, None, top, entropy, row)))
-
-    def _record(
-        self,
-        entry: RequestCache,
-        tokens: np.ndarray,
-        fed: list[int],
-        drafts: list[int],
-        signals: list[Signal],
-        withdrawn: tuple[int, float, float] | None = None,
-    ) -> None:
-        """A request's round: its caches now hold ``tokens`` and the drafts ``fed``; ``drafts``
-        go to vLLM."""
+    def _record(self, entry: RequestCache, tokens: np.ndarray, fed: list[int]) -> None:
+        """A request's round: its caches now hold ``tokens`` and the drafts ``fed``; its drafts
+        (``entry.round``) go to vLLM."""
         entry.tokens = np.concatenate([tokens, np.asarray(fed, dtype=tokens.dtype)])
-        entry.drafts, entry.committed, entry.withdrawn = drafts, len(tokens), withdrawn
-        probs, top1, entropies = zip(*signals, strict=True) if signals else ((), (), ())
-        entry.signals = (tuple(probs), tuple(top1), tuple(entropies))

@@ -87,6 +87,7 @@ def test_from_two_requests_drafting_must_show_a_gain() -> None:
     """Break-even drafting steps (gains of 0.9 and 1.1 in turn) close the gate at four requests,
     where drafting must be shown to pay, and leave it open at one, where it need only not lose;
     drafting that pays by more than its spread keeps it open at four."""
+
     def alternate(gate: DraftGate, size: int, steps: int, low: float, high: float) -> None:
         for step in range(steps):
             gain = low if step % 2 else high

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -22,7 +23,7 @@ from eesd_vllm.proposer import EarlyExitProposer, common_prefix
 from tinymodels import make_tiny
 
 from eesd_core.errors import ConfigError, EESDError
-from eesd_core.protocols import DraftStep, Request, RoundOutcome
+from eesd_core.protocols import DraftStep, Request, RoundOutcome, RoundStart
 
 VOCAB = 97
 
@@ -228,6 +229,19 @@ def _float64(checkpoint: Path) -> tuple[torch.nn.Module, SimpleNamespace]:
     return model, config
 
 
+def _learnt_rounds(controller) -> list[tuple[int, int]]:  # noqa: ANN001
+    """(drafted, accepted) of every round ``controller`` learns from from now on."""
+    rounds: list[tuple[int, int]] = []
+    update = controller.update
+
+    def spy(state, outcomes) -> None:  # noqa: ANN001
+        rounds.extend((o.drafted, o.accepted) for o in outcomes)
+        update(state, outcomes)
+
+    controller.update = spy
+    return rounds
+
+
 @pytest.mark.parametrize("controller", ["fixed", "thompson"])
 def test_a_top_input_head_drafts_from_the_states_of_vllms_passes(checkpoint, top_head, controller) -> None:  # noqa: ANN001
     """Through reorders, preemption, recomputation and drafts vLLM did not schedule, every
@@ -256,19 +270,23 @@ def test_a_top_input_head_drafts_what_eesds_own_engine_drafts(checkpoint, top_he
     prompt, limit = prompts_of(8, 1)[0], 40
     fixed = dict(controller="fixed", controller_options={"k": 3})
     proposer = EarlyExitProposer(config, ProposerOptions(head=str(top_head), guard=False, **fixed))
-    rounds: list[tuple[int, int]] = []
-    update = proposer.controller.update
-    proposer.controller.update = lambda o, f=update: rounds.append((o.drafted, o.accepted)) or f(o)  # type: ignore[method-assign]
+    rounds = _learnt_rounds(proposer.controller)
     got = Scheduler(model, proposer).run([prompt], [limit], preempt=False, drop_drafts=False)
     drafter = dict(drafter="early_exit", drafter_options={"head": str(top_head)})
     decoder = SpeculativeDecoder(model, **drafter, **fixed)
-    engine: list[tuple[int, int]] = []
-    decoder.round_ended = lambda o: engine.append((o.drafted, o.accepted))
+    engine = _learnt_rounds(decoder.controller)
     out = decoder.generate(prompt, max_new_tokens=limit, eos_token_id=[])
     assert got[0] == out.sequences[0, len(prompt) :].tolist()
     shared = min(len(rounds), len(engine)) - 2  # the last rounds differ: limits are counted apart
     assert shared > 5 and rounds[:shared] == engine[:shared]
     assert 0 < sum(a for _, a in rounds[:shared]) < sum(d for d, _ in rounds[:shared])
+
+
+def alone(proposer: EarlyExitProposer) -> None:
+    """Let every request of a step draft a round of its own, never joined."""
+    proposer._draft_together = lambda group, p=proposer: [  # type: ignore[method-assign]
+        p._draft(entry, tokens) for _, entry, tokens in group
+    ]
 
 
 @pytest.mark.parametrize("controller", ["fixed", "thompson"])
@@ -293,9 +311,7 @@ def test_requests_drafting_together_propose_what_they_would_alone(  # noqa: ANN0
         )
         proposer = EarlyExitProposer(config, options)
         if not together:
-            proposer._draft_together = lambda group, costs, p=proposer: [  # type: ignore[method-assign]
-                p._draft(entry, tokens, row, room, costs) for row, entry, tokens, room in group
-            ]
+            alone(proposer)
         calls: list[list[list[int]]] = []
         propose = proposer.propose
         proposer.propose = lambda *a, f=propose, c=calls: c.append(f(*a)) or c[-1]  # type: ignore[method-assign]
@@ -489,21 +505,28 @@ class TakesBack:
     """Drafts up to three tokens and takes a draft back on its q alone (a deterministic function of
     the context, so rows decide the same drafting together or alone); records what it learns."""
 
+    withdraws = True
+
     def __init__(self) -> None:
         self.updates: list[RoundOutcome] = []
 
     def start(self, request: Request) -> None:
         assert request.withdraws
 
-    def should_continue(self, step: DraftStep) -> bool:
+    def begin_round(self, state: None, round: RoundStart) -> None:
+        assert len(round.rows) == 1  # each request is a generation of its own
+
+    def should_continue(self, state: None, step: DraftStep) -> bool:
         return step.index < 3
 
-    def keep(self, step: DraftStep) -> bool:
-        assert step.token is None and step.prob is None and step.top1 is not None
-        return int(step.top1 * 1e6) % 3 != 0
+    def keep(self, state: None, step: DraftStep) -> bool:
+        seen = step.confidence
+        assert step.token is None and seen is not None and seen.prob is None
+        return int(seen.top1 * 1e6) % 3 != 0
 
-    def update(self, outcome: RoundOutcome) -> None:
-        self.updates.append(outcome)
+    def update(self, state: None, outcomes: Sequence[RoundOutcome]) -> None:
+        assert len(outcomes) == 1
+        self.updates.extend(outcomes)
 
 
 def test_drafts_taken_back_change_no_token_and_are_judged_by_the_next_step(checkpoint, plain_head) -> None:  # noqa: ANN001
@@ -520,19 +543,17 @@ def test_drafts_taken_back_change_no_token_and_are_judged_by_the_next_step(check
         options = ProposerOptions(head=str(plain_head), controller="fixed", guard=False)
         proposer = EarlyExitProposer(config, options)
         controller = proposer.controller = TakesBack()
-        proposer.keep = controller.keep
         if not together:
-            proposer._draft_together = lambda group, costs, p=proposer: [  # type: ignore[method-assign]
-                p._draft(entry, tokens, row, room, costs) for row, entry, tokens, room in group
-            ]
+            alone(proposer)
         seen: list[tuple[int, list[int], RoundOutcome]] = []
 
-        def spy(entry, tokens, row, costs, learn=proposer._learn, seen=seen, c=controller) -> None:  # noqa: ANN001
-            back, before = entry.withdrawn, len(c.updates)
-            learn(entry, tokens, row, costs)
-            if back is not None:
+        def spy(entry, tokens, learn=proposer._learn, seen=seen, c=controller) -> None:  # noqa: ANN001
+            back, before = entry.round.withdrawn, len(c.updates)
+            learn(entry, tokens)
+            if back is not None:  # (confidence, q, logits): the draft taken back is their argmax
                 outcome = c.updates[before]
-                seen.append((back[0], list(tokens[: entry.committed + outcome.drafted]), outcome))
+                token = int(back[2].argmax())
+                seen.append((token, list(tokens[: entry.committed + outcome.drafted]), outcome))
 
         proposer._learn = spy  # type: ignore[method-assign]
         calls: list[list[list[int]]] = []
@@ -591,7 +612,7 @@ def test_the_gate_is_told_what_a_drafting_step_committed(checkpoint) -> None:  #
     table[0, 5:7], table[0, 7] = drafts[0], 60  # the first kept both drafts and added a token
     table[1, 4] = 61  # the second kept none
     proposer.propose([[*drafts[0], 60], [61]], np.array([8, 5]), table)
-    (size, tokens, rows, seconds), = gate.scores
+    ((size, tokens, rows, seconds),) = gate.scores
     assert (size, tokens, rows) == (2, 4, 2) and seconds > 0
     table[0, :6] = table[1, :6]  # the first finished: one token counted for it
     table[0, 5] = 62
@@ -608,7 +629,7 @@ def test_a_cache_another_request_took_counts_one_token(checkpoint) -> None:  # n
     table[0, 5:60] = np.arange(20, 75)  # the first finished; a new request shares its five tokens
     table[1, 4] = 61  # the second kept none
     proposer.propose([[74], [61]], np.array([60, 5]), table)
-    (size, tokens, rows, _), = gate.scores
+    ((size, tokens, rows, _),) = gate.scores
     assert (size, tokens, rows) == (2, 1 + 1, 2)
 
 
@@ -638,7 +659,7 @@ def test_a_request_that_drafts_nothing_keeps_its_cache_and_its_controller(checkp
     starts, updates = [], []
     start, update = proposer.controller.start, proposer.controller.update
     proposer.controller.start = lambda request: starts.append(request) or start(request)  # type: ignore[method-assign]
-    proposer.controller.update = lambda outcome: updates.append(outcome) or update(outcome)  # type: ignore[method-assign]
+    proposer.controller.update = lambda state, outcomes: updates.extend(outcomes) or update(state, outcomes)  # type: ignore[method-assign]
     prompts, limits = prompts_of(8, 3), [12, 20, 7]
     got = Scheduler(model, proposer, seed=3).run(prompts, limits, preempt=False)
     assert got == [greedy(model, p, n) for p, n in zip(prompts, limits, strict=True)]
