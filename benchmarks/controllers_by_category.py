@@ -22,8 +22,8 @@ from eesd_bench.trace import compare_controllers, record_trace
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from eesd_core import SpeculativeDecoder
-from eesd_core.tools import encode_prompt
 from eesd_core.registry import resolve_model
+from eesd_core.tools import encode_prompt
 
 CONTROLLERS = {
     "thompson (default)": ("thompson", {}),
@@ -54,8 +54,13 @@ def main() -> None:
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(path)
     options = {"exit_layer": args.exit_layer, "head": None if args.head == "none" else args.head}
-    decoder = SpeculativeDecoder(model, drafter=args.drafter, controller="fixed", max_draft_tokens=8,
-                                 drafter_options=options if args.drafter == "early_exit" else {})
+    decoder = SpeculativeDecoder(
+        model,
+        drafter=args.drafter,
+        controller="fixed",
+        max_draft_tokens=8,
+        drafter_options=options if args.drafter == "early_exit" else {},
+    )
     by_category: dict[str, list] = {}
     for question in select(load_questions(args.questions), args.per_category):
         by_category.setdefault(question.category, []).append(encode_prompt(tok, question.text))
@@ -86,6 +91,7 @@ def write(args: argparse.Namespace, table: dict[str, dict[str, dict]]) -> None:
     mean = {n: statistics.mean(rows[n]["vs_oracle"] for rows in table.values()) for n in names}
     lines.append("| **mean** | " + " | ".join(f"**{mean[n]:.3f}**" for n in names) + " |")
     default = "thompson (default)"
+
     def worst_ratio(other: str) -> float:
         return max(rows[default]["time_per_token"] / rows[other]["time_per_token"] for rows in table.values())
 

@@ -26,8 +26,8 @@ from eesd_early_exit.prompts import load_prompts
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from eesd_core import SpeculativeDecoder
-from eesd_core.tools import encode_prompt
 from eesd_core.registry import resolve_model
+from eesd_core.tools import encode_prompt
 
 
 def head_facts(path: Path) -> dict[str, Any]:

@@ -234,11 +234,13 @@ def main() -> int:
         )
         if proposer.gate is not None:
             print(
-                "  gate: " + "; ".join(
+                "  gate: "
+                + "; ".join(
                     f"size {size}: gain {g['gain'] or 0:.3f} +- {min(g['error'], 9):.3f}, {g['steps']} steps"
                     + (", shut" if g["shut"] else "")
                     for size, g in proposer.gate.summary().items()
-                ) + f"; closed steps {proposer.gate.closed_steps}, probes {proposer.gate.probed_steps}"
+                )
+                + f"; closed steps {proposer.gate.closed_steps}, probes {proposer.gate.probed_steps}"
             )
     if profiler:
         pstats.Stats(profiler).sort_stats("cumulative").print_stats(30)

@@ -38,8 +38,8 @@ from typing import Any
 import torch
 
 from eesd_core import SpeculativeDecoder
-from eesd_core.tools import add_device_arguments
 from eesd_core.devices import resolve_device, resolve_dtype
+from eesd_core.tools import add_device_arguments
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cost_curves import SHAPES as MODEL_SHAPES  # noqa: E402

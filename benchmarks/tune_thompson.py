@@ -25,8 +25,8 @@ from eesd_bench.trace import Trace, best_fixed, build_controller, record_trace, 
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from eesd_core import SpeculativeDecoder
-from eesd_core.tools import encode_prompt
 from eesd_core.registry import resolve_model
+from eesd_core.tools import encode_prompt
 
 HELDOUT = Path(__file__).resolve().parents[1] / "drafters" / "eesd_early_exit" / "prompts" / "heldout.json"
 DRAFTERS = {
@@ -57,8 +57,9 @@ def traces(args: argparse.Namespace) -> dict[str, list[Trace]]:
                 if model is None:
                     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
                     tok = AutoTokenizer.from_pretrained(path)
-                decoder = SpeculativeDecoder(model, drafter=drafter, drafter_options=options,
-                                             controller="fixed", max_draft_tokens=8)
+                decoder = SpeculativeDecoder(
+                    model, drafter=drafter, drafter_options=options, controller="fixed", max_draft_tokens=8
+                )
                 prompts = [encode_prompt(tok, text) for text in prompts_text[g : g + args.group]]
                 record_trace(decoder, prompts, max_new_tokens=args.max_new_tokens).save(file)
                 print("recorded", file.name, flush=True)

@@ -46,8 +46,8 @@ def encode(model: str, count: int, seed: int, questions: str | None = None) -> t
     from eesd_bench.prompts import DEFAULT_QUESTIONS, load_questions, select
     from transformers import AutoTokenizer
 
-    from eesd_core.tools import encode_prompt
     from eesd_core.registry import resolve_model
+    from eesd_core.tools import encode_prompt
 
     path = str(resolve_model(model))
     tokenizer = AutoTokenizer.from_pretrained(path)

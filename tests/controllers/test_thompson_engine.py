@@ -20,8 +20,13 @@ def test_greedy_output_equals_plain_decoding(tiny, options):
     model = tiny()
     prompt = [1, 5, 7, 9]
     plain = SpeculativeDecoder(model, drafter=None).generate(prompt, max_new_tokens=40, eos_token_id=[])
-    dec = SpeculativeDecoder(model, drafter="early_exit", drafter_options={"exit_layer": 2},
-                             controller="thompson", controller_options=options)
+    dec = SpeculativeDecoder(
+        model,
+        drafter="early_exit",
+        drafter_options={"exit_layer": 2},
+        controller="thompson",
+        controller_options=options,
+    )
     for _ in range(2):
         out = dec.generate(prompt, max_new_tokens=40, eos_token_id=[])
         assert torch.equal(out.sequences, plain.sequences)

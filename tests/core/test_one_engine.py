@@ -241,9 +241,7 @@ class _OneRowOnly(IndependentDrafter):
         return "one row only"
 
     def propose(self, history: torch.Tensor) -> Any:
-        from eesd_core.protocols import Draft
-
-        return Draft(tokens=(int(history[-1]),))
+        return (int(history[-1]),)
 
 
 def test_a_drafter_for_one_row_decodes_alone_and_refuses_batches(model) -> None:

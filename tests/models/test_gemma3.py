@@ -9,12 +9,12 @@ import pytest
 import torch
 from eesd_early_exit.head import ExitHead
 from eesd_early_exit.headfile import load_head, save_head
+from eesd_gemma3.adapter import Gemma3Adapter
 from tinymodels import make_tiny
 
 from eesd_core import SpeculativeDecoder
 from eesd_core.errors import UnsupportedModelError
 from eesd_core.models import find_adapter
-from eesd_gemma3.adapter import Gemma3Adapter
 from eesd_core.protocols import SamplingParams
 from eesd_core.testing.hf import first_tokens_distribution
 from eesd_core.testing.kit import Setup

@@ -34,8 +34,9 @@ def qwen():
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(str(path))
     prompts = [
-        tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
-                                return_tensors="pt")["input_ids"]
+        tok.apply_chat_template(
+            [{"role": "user", "content": p}], add_generation_prompt=True, return_tensors="pt"
+        )["input_ids"]
         for p in PROMPTS
     ]
     with torch.inference_mode():
@@ -43,14 +44,22 @@ def qwen():
     return model, tok, prompts, expected
 
 
-@pytest.mark.parametrize("options", [
-    dict(drafter=None),
-    dict(drafter="early_exit", controller="thompson"),
-    dict(drafter="early_exit", drafter_options={"exit_layer": 20, "head": None},
-         controller="fixed", controller_options={"k": 3}),
-    dict(drafter="early_exit", controller="fixed", controller_options={"k": 3}),
-    dict(drafter="prompt_lookup", controller="thompson"),
-], ids=["plain", "default", "untrained-n20-fixed3", "shipped-head-fixed3", "prompt-lookup"])
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(drafter=None),
+        dict(drafter="early_exit", controller="thompson"),
+        dict(
+            drafter="early_exit",
+            drafter_options={"exit_layer": 20, "head": None},
+            controller="fixed",
+            controller_options={"k": 3},
+        ),
+        dict(drafter="early_exit", controller="fixed", controller_options={"k": 3}),
+        dict(drafter="prompt_lookup", controller="thompson"),
+    ],
+    ids=["plain", "default", "untrained-n20-fixed3", "shipped-head-fixed3", "prompt-lookup"],
+)
 def test_greedy_equals_transformers(qwen, options: dict) -> None:
     from eesd_core import SpeculativeDecoder
 

@@ -33,8 +33,9 @@ def assert_greedy_equal(model, tok, dec) -> list:  # noqa: ANN001
     """Decode every prompt with ``dec`` and with transformers' greedy ``generate()``; return eesd's."""
     results = []
     for prompt in PROMPTS:
-        ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                      return_tensors="pt")["input_ids"]
+        ids = tok.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt"
+        )["input_ids"]
         expected = model.generate(ids, max_new_tokens=40, do_sample=False)
         out = dec.generate(ids, max_new_tokens=40)
         assert out.sequences.tolist() == expected.tolist(), prompt
@@ -42,11 +43,19 @@ def assert_greedy_equal(model, tok, dec) -> list:  # noqa: ANN001
     return results
 
 
-@pytest.mark.parametrize("options", [
-    dict(drafter="early_exit", drafter_options={}, controller="thompson"),
-    dict(drafter="early_exit", drafter_options={"exit_layer": 6, "head": None},
-         controller="fixed", controller_options={"k": 3}),
-], ids=["default", "untrained-fixed3"])
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(drafter="early_exit", drafter_options={}, controller="thompson"),
+        dict(
+            drafter="early_exit",
+            drafter_options={"exit_layer": 6, "head": None},
+            controller="fixed",
+            controller_options={"k": 3},
+        ),
+    ],
+    ids=["default", "untrained-fixed3"],
+)
 def test_greedy_equals_transformers(smollm2, options: dict) -> None:
     from eesd_core import SpeculativeDecoder
 
@@ -61,8 +70,9 @@ def test_the_shipped_head_is_found_accepted_and_lossless(smollm2) -> None:
     from eesd_core import SpeculativeDecoder
 
     model, tok = smollm2
-    dec = SpeculativeDecoder(model, tokenizer=tok, drafter="early_exit", controller="fixed",
-                             controller_options={"k": 3})
+    dec = SpeculativeDecoder(
+        model, tokenizer=tok, drafter="early_exit", controller="fixed", controller_options={"k": 3}
+    )
     assert dec.drafter.head_path is not None, "no shipped head matched the fetched SmolLM2 checkpoint"
     accepted = sum(out.stats.accepted for out in assert_greedy_equal(model, tok, dec))
     # the untrained exit at N=6 accepts almost nothing; a distilled head accepts some drafts

@@ -15,7 +15,11 @@ from eesd_core import EESDError, SpeculativeDecoder
 MODEL = make_tiny("llama", 3, vocab=31, layers=3)
 
 anything = st.one_of(
-    st.none(), st.booleans(), st.integers(-5, 40), st.floats(allow_nan=True), st.text(max_size=5),
+    st.none(),
+    st.booleans(),
+    st.integers(-5, 40),
+    st.floats(allow_nan=True),
+    st.text(max_size=5),
     st.lists(st.integers(-2, 40), max_size=3),
     st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
 )
@@ -33,22 +37,41 @@ option_dicts = st.dictionaries(
     max_draft_tokens=st.one_of(st.integers(-2, 70), st.floats(), st.text(max_size=2)),
 )
 def test_random_configurations(  # noqa: ANN201
-    drafter, drafter_options, controller, controller_options, max_draft_tokens  # noqa: ANN001
+    drafter,
+    drafter_options,
+    controller,
+    controller_options,
+    max_draft_tokens,  # noqa: ANN001
 ):
     # any configuration either builds a decoder or fails with an EESDError; anything else escapes
     with contextlib.suppress(EESDError):
-        SpeculativeDecoder(MODEL, drafter=drafter, drafter_options=drafter_options, controller=controller,
-                           controller_options=controller_options, max_draft_tokens=max_draft_tokens)
+        SpeculativeDecoder(
+            MODEL,
+            drafter=drafter,
+            drafter_options=drafter_options,
+            controller=controller,
+            controller_options=controller_options,
+            max_draft_tokens=max_draft_tokens,
+        )
 
 
-DECODER = SpeculativeDecoder(MODEL, drafter="early_exit", drafter_options={"exit_layer": 1},
-                             controller="fixed", controller_options={"k": 3})
+DECODER = SpeculativeDecoder(
+    MODEL,
+    drafter="early_exit",
+    drafter_options={"exit_layer": 1},
+    controller="fixed",
+    controller_options={"k": 3},
+)
 
 
 @settings(max_examples=80, deadline=None)
 @given(
-    ids=st.one_of(st.lists(st.integers(-3, 40), max_size=6), st.text(max_size=3), st.none(),
-                  st.lists(st.floats(), min_size=1, max_size=3)),
+    ids=st.one_of(
+        st.lists(st.integers(-3, 40), max_size=6),
+        st.text(max_size=3),
+        st.none(),
+        st.lists(st.floats(), min_size=1, max_size=3),
+    ),
     max_new_tokens=st.one_of(st.integers(-3, 8), st.floats(), st.none()),
     temperature=st.one_of(st.floats(-1, 3), st.just(float("nan")), st.just(float("inf"))),
     top_k=st.integers(-2, 40),
@@ -57,8 +80,9 @@ DECODER = SpeculativeDecoder(MODEL, drafter="early_exit", drafter_options={"exit
 )
 def test_random_generate_arguments(ids, max_new_tokens, temperature, top_k, top_p, seed) -> None:  # noqa: ANN001
     try:
-        out = DECODER.generate(ids, max_new_tokens=max_new_tokens, temperature=temperature,
-                               top_k=top_k, top_p=top_p, seed=seed)
+        out = DECODER.generate(
+            ids, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed
+        )
     except EESDError:
         return
     assert out.sequences.shape[1] <= len(ids) + max_new_tokens
