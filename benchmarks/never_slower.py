@@ -21,6 +21,7 @@ default/transformers and always_no/plain.
 
     python benchmarks/never_slower.py                      # 16 prompts, 3 repeats, 96 tokens
     python benchmarks/never_slower.py --prompts 6 --repeats 1 --max-new-tokens 64
+    python benchmarks/never_slower.py --model path/to/qwen --prompts 15 --methods plain default
     python benchmarks/never_slower.py --json results/never_slower.json
 
 The prompts are written here; none comes from Spec-Bench. Exit status 1 if an output differs.
@@ -101,7 +102,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="how the linear layers of every eesd decoder multiply (adapter option); 'standard' is "
         "F.linear everywhere, as on a machine where no other product wins (default: auto)",
     )
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        choices=METHODS,
+        default=list(METHODS),
+        help="the methods to time (transformers, plain and default always run; default: all)",
+    )
     args = parser.parse_args(argv)
+    args.methods = tuple(m for m in METHODS if m in {"transformers", "plain", "default", *args.methods})
     if not 1 <= args.prompts <= len(PROMPTS):
         parser.error(f"--prompts must be between 1 and {len(PROMPTS)}")
     if args.repeats < 1 or args.max_new_tokens < 1:
@@ -174,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+    methods = args.methods
     prompts = PROMPTS[: args.prompts]
     inputs = [encode(tokenizer, text) for _, text in prompts]
     runner = Runner(model, args.max_new_tokens, args.products)
@@ -185,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     warm = {}
-    for method in METHODS:
+    for method in methods:
         _, seconds, _ = runner(method, inputs[0])
         warm[method] = seconds
     print("warm-up (s): " + ", ".join(f"{m} {s:.2f}" for m, s in warm.items()), flush=True)
@@ -197,9 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     turn = 0
     for repeat in range(args.repeats):
         for index, ids in enumerate(inputs):
-            shift = turn % len(METHODS)
+            shift = turn % len(methods)
             turn += 1
-            for method in METHODS[shift:] + METHODS[:shift]:
+            for method in methods[shift:] + methods[:shift]:
                 tokens, seconds, stats = runner(method, ids)
                 if method == "transformers":
                     reference.setdefault(index, tokens)
@@ -227,10 +237,10 @@ def main(argv: list[str] | None = None) -> int:
             mismatches.append(f"{run['method']} on prompt {run['prompt'] + 1} (repeat {run['repeat'] + 1})")
 
     # median speed of each method on each prompt
-    speed: dict[str, list[float]] = {m: [] for m in METHODS}
+    speed: dict[str, list[float]] = {m: [] for m in methods}
     drafted: list[tuple[int, int, int, int]] = []
     for index in range(len(inputs)):
-        for method in METHODS:
+        for method in methods:
             mine = [r for r in runs if r["method"] == method and r["prompt"] == index]
             speed[method].append(median([r["new_tokens"] / r["seconds"] for r in mine]))
         last = [r for r in runs if r["method"] == "default" and r["prompt"] == index][-1]
@@ -249,22 +259,23 @@ def main(argv: list[str] | None = None) -> int:
     ratios = {
         name: [median(_paired(runs, index, a, b, args.repeats)) for index in range(len(inputs))]
         for name, (a, b) in pairs.items()
+        if a in methods and b in methods
     }
 
     print()
-    header = f"{'#':>2} {'kind':8} {'new':>4} " + " ".join(f"{m:>12}" for m in METHODS)
+    header = f"{'#':>2} {'kind':8} {'new':>4} " + " ".join(f"{m:>12}" for m in methods)
     header += " " + " ".join(f"{name:>20}" for name in ratios) + "  default rounds/drafted/accepted/withdrawn"
     print("tokens/s (median over repeats) and ratios")
     print(header)
     for index, (kind, _) in enumerate(prompts):
         new = [r["new_tokens"] for r in runs if r["prompt"] == index and r["method"] == "transformers"][0]
-        line = f"{index + 1:>2} {kind:8} {new:>4} " + " ".join(f"{speed[m][index]:>12.2f}" for m in METHODS)
+        line = f"{index + 1:>2} {kind:8} {new:>4} " + " ".join(f"{speed[m][index]:>12.2f}" for m in methods)
         line += " " + " ".join(f"{ratios[name][index]:>20.3f}" for name in ratios)
         line += "  {}/{}/{}/{}".format(*drafted[index])
         print(line)
     print(
         f"{'median':>16} "
-        + " ".join(f"{median(speed[m]):>12.2f}" for m in METHODS)
+        + " ".join(f"{median(speed[m]):>12.2f}" for m in methods)
         + " "
         + " ".join(f"{median(ratios[name]):>20.3f}" for name in ratios)
     )
@@ -306,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
                 "prompts": [text for _, text in prompts],
                 "repeats": args.repeats,
                 "max_new_tokens": args.max_new_tokens,
+                "methods": list(methods),
                 "threads": torch.get_num_threads(),
                 "torch": torch.__version__,
                 "products_option": args.products,

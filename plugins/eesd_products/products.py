@@ -36,13 +36,10 @@ from torch import nn
 from eesd_core.errors import ConfigError
 
 PRODUCTS = ("transposed", "onednn")  # the products other than F.linear, by name
-# Another product must beat F.linear by this much, in two measurements and without overlapping
-# timings, to be used: on a small machine shared with other work a pass varies by 10% from one run
-# to the next, and F.linear is the product transformers itself uses.
-MARGIN = 0.85
-# Decoder-layer weights a calibration pass reads at most; the rest of the layers are extrapolated.
-SAMPLE_BYTES = 32 << 20
-PRODUCTS_VERSION = 3  # changes with the products or their timing, so that older decisions are not read
+# Another product must beat F.linear by this much, pass for pass and in two measurements, to be
+# used: F.linear is the product transformers itself uses, and a shared machine's passes vary.
+MARGIN = 0.9
+PRODUCTS_VERSION = 4  # changes with the products or their timing, so that older decisions are not read
 EXACT_ROWS = 16  # passes over up to this many positions are decided row count by row count
 FIRST_ROWS = 9  # the first pass decides the row counts 1 .. FIRST_ROWS (and its own, if short)
 # Wider passes (prefills, large batches) take the decision of the first of these at or above their
@@ -56,6 +53,23 @@ RECHECK_REPEATS = 3  # timed repeats of the sweep that re-checks the decisions r
 NAMES = {"transposed": "transposed product", "onednn": "oneDNN's product"}
 
 Linear = Callable[..., torch.Tensor]  # (x, weight, bias) -> F.linear(x, weight, bias)
+
+
+def _last_level_cache() -> int:
+    """Bytes of the CPU's last-level cache as Linux reports it (0 where it does not)."""
+    sizes = {}
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        with contextlib.suppress(OSError, ValueError):
+            size = (index / "size").read_text().strip()
+            scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(size[-1:], 1)
+            sizes[int((index / "level").read_text())] = int(size.rstrip("KMG")) * scale
+    return sizes[max(sizes)] if sizes else 0
+
+
+# Decoder-layer weights a calibration pass reads at most (the rest of the layers are extrapolated):
+# enough that they come from memory, as a whole pass's do; a sample that stays in the cache hides
+# what reading each weight once saves.
+SAMPLE_BYTES = max(128 << 20, 4 * _last_level_cache())
 
 
 def transposed_linear(
@@ -253,13 +267,12 @@ def _measure(
     return times
 
 
-def _wins(standard: list[float], transposed: list[float]) -> bool:
-    """Clearly faster: a median below ``MARGIN`` of F.linear's, and the slower quarter of the
-    other product's passes faster than the faster quarter of the standard ones. Noise that makes
-    the two overlap (other work on the machine) decides for F.linear."""
-    quick = statistics.quantiles(standard, n=4, method="inclusive")[0]
-    slow = statistics.quantiles(transposed, n=4, method="inclusive")[2]
-    return statistics.median(transposed) < MARGIN * statistics.median(standard) and slow < quick
+def _wins(standard: list[float], other: list[float]) -> bool:
+    """Clearly faster: each pass paired with the F.linear pass timed next to it (so that a drift of
+    the machine's speed falls on both), a median ratio below ``MARGIN`` and a mean ratio below 1
+    (passes that are now and then much slower lose). Otherwise F.linear."""
+    ratios = [o / s for s, o in zip(standard, other, strict=True)]
+    return statistics.median(ratios) < MARGIN and statistics.fmean(ratios) < 1.0
 
 
 def _apart(standard: list[float], other: list[float]) -> bool:
@@ -361,9 +374,9 @@ def calibrate(
     """Time passes of the adapter's model over m = 1 .. ``max_rows`` positions (or the row counts
     in ``only``), in that order, with ``F.linear`` and with each of ``candidates``: "transposed",
     "onednn", or "mixed", for each matrix shape the faster of the two in a timing of the model's
-    matrices of that shape (:func:`_shape_products`). By default "mixed" where oneDNN serves the
-    model (the faster of the two for every shape, so neither alone is worth a pass of its own),
-    else "transposed".
+    matrices of that shape (:func:`_shape_products`). By default the transposed product, and "mixed"
+    too where oneDNN serves the model (a table timed on a few matrices can miss what a whole pass
+    shows, so the transposed product alone is timed beside it).
 
     Each pass runs the decoder layers (as many as fit in ``sample_bytes``, at least one, their time
     scaled to all), the final norm and the LM head (unless ``head`` is false) after ``context``
@@ -382,7 +395,7 @@ def calibrate(
         raise ValueError("calibration needs at least two repeats to see how much passes vary")
     if candidates is None:
         serves = onednn_serves(adapter.dtype, adapter.device)
-        candidates = ["mixed"] if serves else ["transposed"]
+        candidates = ["transposed", "mixed"] if serves else ["transposed"]
     others = list(candidates)
     counts = sorted(set(only)) if only is not None else list(range(1, max_rows + 1))
     deadline = None if budget is None else _now() + budget

@@ -248,7 +248,7 @@ def test_calibration_keeps_the_faster_path(spy: list[int]) -> None:
 
 
 def test_calibration_keeps_f_linear_on_a_small_win(spy: list[int]) -> None:
-    plan = _calibrate(lambda transposed: 1.8 if transposed else 2.0, spy)
+    plan = _calibrate(lambda transposed: 1.85 if transposed else 2.0, spy)  # under MARGIN
     assert plan.rows == frozenset() and set(plan.timings) == {1, 2, 3, 4}
 
 
@@ -398,7 +398,7 @@ def test_each_shape_gets_the_product_that_is_faster_for_it(monkeypatch: pytest.M
 @pytest.mark.parametrize(
     ("candidates", "table", "timed"),
     [
-        (None, ((None, "onednn"),), ["standard", "onednn"]),
+        (None, ((None, "onednn"),), ["standard", "transposed", "onednn"]),
         (None, (((8, 8), "transposed"), (None, "onednn")), ["standard", "transposed"]),
         (["transposed", "onednn", "mixed"], ((None, "onednn"),), ["standard", "transposed", "onednn"]),
     ],
