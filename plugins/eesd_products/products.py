@@ -47,7 +47,8 @@ FIRST_ROWS = 9  # the first pass decides the row counts 1 .. FIRST_ROWS (and its
 # prefill's reads one position) on a smaller sample of layers: with 32 rows or more a product is
 # bound by its arithmetic more than by reading the weights, so a layer times alike from the cache.
 WIDE_ROWS = (32, 64, 128, 256, 512)
-WIDE = {"candidates": ["onednn"], "sample_bytes": 16 << 20, "head": False, "repeats": 3}
+WIDE_SAMPLE_BYTES = 16 << 20
+WIDE = {"candidates": ["onednn"], "sample_bytes": WIDE_SAMPLE_BYTES, "head": False, "repeats": 3}
 BUDGET = 6.0  # seconds a first pass may spend deciding (EESD_PRODUCTS_BUDGET); the rest waits for later
 RECHECK_REPEATS = 3  # timed repeats of the sweep that re-checks the decisions read from disk
 NAMES = {"transposed": "transposed product", "onednn": "oneDNN's product"}
@@ -514,8 +515,9 @@ def _still_winning(
     repeats: int = RECHECK_REPEATS,
 ) -> dict[int, bool]:
     """Whether each product of ``chosen`` (row count or wide bucket -> product) is still faster
-    than ``F.linear`` (:func:`_holds`), in one interleaved sweep over all of them: passes of one
-    decoder layer (scaled to all) and the LM head (none for a wide bucket, as it was decided),
+    than ``F.linear`` (:func:`_holds`), in one interleaved sweep over all of them: passes of the
+    sample of decoder layers a calibration times (scaled to all) and the LM head (none for a wide
+    bucket), as they were decided (a smaller sample, served from the cache, would judge otherwise),
     after one untimed pass of ``F.linear`` and one of each product that goes through oneDNN (whose
     first pass of a shape makes its primitive). Two repeats time every row count, up and down, so
     that a drift of the machine's speed falls on both products and every row count alike; up to
@@ -529,14 +531,16 @@ def _still_winning(
     if not counts or not runnable_layers(adapter) or _now() >= deadline:
         return {}
     linears = {m: linear_of(product) for m, product in chosen.items()}
+    sample = min(sampled_layers(adapter, SAMPLE_BYTES), runnable_layers(adapter))  # as they were decided
+    wide_sample = min(sampled_layers(adapter, WIDE_SAMPLE_BYTES), runnable_layers(adapter))
     times: Samples = {m: {"standard": [], "chosen": []} for m in counts}
     token = _FORCED.set(None)
     try:
         with torch.inference_mode():
             short, wide = [m for m in counts if m <= EXACT_ROWS], [m for m in counts if m > EXACT_ROWS]
             passes = {
-                head: _Passes(adapter, 1, head, context, _clock, max(group))
-                for head, group in ((True, short), (False, wide))
+                head: _Passes(adapter, layers, head, context, _clock, max(group))
+                for head, group, layers in ((True, short, sample), (False, wide, wide_sample))
                 if group
             }
 
