@@ -516,8 +516,9 @@ def _still_winning(
 ) -> dict[int, bool]:
     """Whether each product of ``chosen`` (row count or wide bucket -> product) is still faster
     than ``F.linear`` (:func:`_holds`), in one interleaved sweep over all of them: passes of the
-    sample of decoder layers a calibration times (scaled to all) and the LM head (none for a wide
-    bucket), as they were decided (a smaller sample, served from the cache, would judge otherwise),
+    sample of decoder layers a calibration times (scaled to all; a smaller one, served from the
+    cache, would judge otherwise), without the LM head (one matrix, which on a large vocabulary
+    would cost as much as the layers' sample),
     after one untimed pass of ``F.linear`` and one of each product that goes through oneDNN (whose
     first pass of a shape makes its primitive). Two repeats time every row count, up and down, so
     that a drift of the machine's speed falls on both products and every row count alike; up to
@@ -539,8 +540,8 @@ def _still_winning(
         with torch.inference_mode():
             short, wide = [m for m in counts if m <= EXACT_ROWS], [m for m in counts if m > EXACT_ROWS]
             passes = {
-                head: _Passes(adapter, layers, head, context, _clock, max(group))
-                for head, group, layers in ((True, short, sample), (False, wide, wide_sample))
+                is_short: _Passes(adapter, layers, False, context, _clock, max(group))
+                for is_short, group, layers in ((True, short, sample), (False, wide, wide_sample))
                 if group
             }
 

@@ -484,9 +484,9 @@ def test_a_recheck_is_one_sweep_and_what_the_budget_leaves_unchecked_keeps_f_lin
     own_decisions,
     capsys,  # noqa: ANN001
 ) -> None:
-    """Four products read from disk, re-checked in one sweep under a clock where a pass costs 6
-    seconds through F.linear and 4 through the transposed product: the untimed pass (6 s) and a
-    first repeat (40 s) fit a budget of 60, of the second only the row count it starts with."""
+    """Four products read from disk, re-checked in one sweep under a clock where a pass costs 4
+    seconds through F.linear and 3 through the transposed product: the untimed pass (4 s) and a
+    first repeat (28 s) fit a budget of 40, of the second only the row count it starts with."""
     monkeypatch.setattr(products, "SAMPLE_BYTES", 1)  # one layer a pass, its time scaled to all
     model = make_tiny("llama", 9, dtype=torch.float32)
     _on_disk(model, _decided(dict.fromkeys(range(1, 5), "transposed")))
@@ -499,7 +499,7 @@ def test_a_recheck_is_one_sweep_and_what_the_budget_leaves_unchecked_keeps_f_lin
 
     monkeypatch.setattr(products, "_clock", clock)
     monkeypatch.setattr(products, "_now", lambda: now[0])
-    monkeypatch.setenv("EESD_PRODUCTS_BUDGET", "60")
+    monkeypatch.setenv("EESD_PRODUCTS_BUDGET", "40")
     made, swept = [], []
 
     class Passes(products._Passes):
@@ -515,8 +515,8 @@ def test_a_recheck_is_one_sweep_and_what_the_budget_leaves_unchecked_keeps_f_lin
     adapter = find_adapter(model)
     with torch.no_grad():
         got = [adapter.products.product(m) for m in range(1, 6)]
-    assert made == [(1, True)] and swept == [1, 1, 1, 2, 2, 3, 3, 4, 4, 4, 4]
-    assert now[0] == 56.0
+    assert made == [(1, False)] and swept == [1, 1, 1, 2, 2, 3, 3, 4, 4, 4, 4]
+    assert now[0] == 39.0
     assert got == [None, None, None, products.linear_of("transposed"), None]
     assert all(kept(own_decisions)[str(m)][0] for m in range(1, 5)), "the file keeps them all"
     assert adapter.products.describe().endswith(
@@ -524,8 +524,8 @@ def test_a_recheck_is_one_sweep_and_what_the_budget_leaves_unchecked_keeps_f_lin
     )
     err = capsys.readouterr().err.splitlines()
     assert err == [
-        "eesd: re-checked the linear products read from disk in 56.0 s: passes over 1-3 positions keep "
-        "F.linear in this process, not re-checked (the 60 s budget ran out; the file keeps their product)"
+        "eesd: re-checked the linear products read from disk in 39.0 s: passes over 1-3 positions keep "
+        "F.linear in this process, not re-checked (the 40 s budget ran out; the file keeps their product)"
     ]
 
 
