@@ -44,11 +44,18 @@ class LosslessVerifier:
         each draft. Only a draw from a rejection's residual, or from a distribution of more than
         one token (sampling), touches the device per row."""
         rows, m = p.shape[0], p.shape[1]
+        exact = torch.float32 if p.device.type == "mps" else torch.float64  # token ids and p alike
+        if not any(d.shape[0] for d in drafts):  # a round that drafted nothing: a bonus token a row
+            bonus = p[:, 0]
+            top, support = torch.stack([bonus.argmax(-1).to(exact), (bonus > 0).sum(-1).to(exact)]).tolist()
+            return [
+                (0, int(top[b]) if support[b] == 1 else rng.categorical(p[b, 0]))
+                for b, rng in enumerate(rngs)
+            ]
         picked = torch.zeros(rows, m, dtype=torch.long, device=HOST)  # drafts are host ids
         for b, d in enumerate(drafts):
             if d.shape[0]:
                 picked[b, : d.shape[0]] = d
-        exact = torch.float32 if p.device.type == "mps" else torch.float64  # token ids and p alike
         ks = torch.tensor([len(d) for d in drafts], dtype=torch.long, device=HOST).to(p.device)
         bonus = p[torch.arange(rows, device=p.device), ks]  # [B, V]
         read = [bonus.argmax(-1), (bonus > 0).sum(-1), p.gather(2, picked.to(p.device)[..., None])[..., 0]]
