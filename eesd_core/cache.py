@@ -1,10 +1,9 @@
 """A key/value cache that rolls back by moving a length, never by copying, and its layout.
 
 :class:`KVCache` preallocates one buffer per layer and keeps one length per layer; it speaks the
-part of transformers' ``Cache`` interface that decoder layers use (``update(key, value,
-layer_idx)``). Its slots are the columns of a batch; :class:`BatchLayout` says which slot holds
-which position of which row. A prefill of ragged prompts need not run their left padding:
-:func:`packed_groups` splits the rows into groups and a :class:`RowWriter` per group writes them.
+part of transformers' ``Cache`` interface that decoder layers use. Its slots are the columns of a
+batch; :class:`BatchLayout` says which slot holds which position of which row, and
+:func:`packed_groups` lets a ragged prefill skip its left padding.
 """
 
 from __future__ import annotations

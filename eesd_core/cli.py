@@ -86,6 +86,7 @@ def _generate(args: argparse.Namespace) -> int:
 def _add_plugins(sub: Any) -> None:
     parser = sub.add_parser("plugins", help="list the loaded plug-ins and what they provide")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument("--strict", action="store_true", help="exit 1 if a plug-in failed to load")
     parser.set_defaults(func=_plugins)
 
 
@@ -99,18 +100,21 @@ def plugin_report() -> list[dict[str, Any]]:
             provides.setdefault(entry.plugin, {}).setdefault(kind, []).append(entry.name)
     infos = sorted(manager.info.values(), key=lambda i: i.name)
     keys = ("name", "distribution", "version", "hooks")
-    return [{k: getattr(info, k) for k in keys} | {"provides": provides.get(info.name, {})} for info in infos]
+    report = [
+        {k: getattr(info, k) for k in keys} | {"provides": provides.get(info.name, {})} for info in infos
+    ]
+    return report + [{"name": name, "broken": why} for name, why in sorted(manager.broken.items())]
 
 
 def _plugins(args: argparse.Namespace) -> int:
     report = plugin_report()
     if args.json:
         print(json.dumps(report, indent=2))
-        return 0
-    for item in report:
-        provided = "; ".join(f"{kind}: {', '.join(names)}" for kind, names in item["provides"].items())
-        print(f"{item['name']:<16} {item['distribution'] or '?'} {item['version'] or ''}  {provided}")
-    return 0
+    for item in [] if args.json else report:
+        said = [f"{kind}: {', '.join(names)}" for kind, names in item.get("provides", {}).items()]
+        where = f"BROKEN: {item['broken']}" if "broken" in item else f"{item['distribution'] or '?'}"
+        print(f"{item['name']:<16} {where} {item.get('version') or ''}  {'; '.join(said)}")
+    return 1 if args.strict and any("broken" in item for item in report) else 0
 
 
 if __name__ == "__main__":

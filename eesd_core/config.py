@@ -9,11 +9,22 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from eesd_core.errors import ConfigError, InputError
 
 MAX_DRAFT_TOKENS_LIMIT = 64
+
+
+def number(value: Any, what: str) -> Any:
+    """A Python number for a numpy or torch scalar (lists element-wise); a bool is no number."""
+    if isinstance(value, (list, tuple)):
+        return type(value)(number(item, what) for item in value)
+    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, bool):
+        raise ValueError(f"{what} takes numbers, not the bool {value}")
+    return value
 
 
 def default_cache_dir() -> Path:
@@ -55,13 +66,18 @@ class GenerationConfig(BaseModel):
     temperature: float = Field(0.0, ge=0.0, allow_inf_nan=False)
     top_k: int = Field(0, ge=0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    seed: int | None = None
+    seed: int | tuple[int, ...] | None = None
     eos_token_id: tuple[int, ...] = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _numbers(cls, values: Any) -> Any:
+        return {k: number(v, k) for k, v in values.items()} if isinstance(values, dict) else values
 
     @field_validator("eos_token_id", mode="before")
     @classmethod
     def _as_tuple(cls, value: Any) -> Any:
-        if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+        if value is None or isinstance(value, int):
             return () if value is None else (value,)
         return tuple(value) if isinstance(value, (list, tuple)) else value
 
@@ -74,7 +90,8 @@ def explain(error: ValidationError, where: str) -> str:
         if problem["type"] == "extra_forbidden":
             lines.append(f"unknown option {key!r}")
         else:
-            lines.append(f"{key}: {problem['msg']} (got {problem.get('input')!r})")
+            got = f" (got {problem.get('input')!r})" if problem["loc"] else ""
+            lines.append(f"{key}: {problem['msg']}{got}")
     return f"Invalid {where}: " + "; ".join(lines) + "."
 
 

@@ -1,10 +1,8 @@
 """Measured costs of draft steps and verification passes, for controllers that weigh time.
 
-One tracker per batch size (a :class:`CostBook`) lives as long as its decoder, shared by its
-generations in any thread. Each cost is an exponential moving average per k (proposals) or per m =
-k + 1 (verification), interpolated by a least-squares line where never measured. A measurement
-replaces a cost unmeasured for ``STALE`` rounds, or a higher one: other work slows passes, never
-speeds them up, and one slow pass must not price its k out for good.
+One tracker per batch size (a :class:`CostBook`), shared by a decoder's generations in any thread,
+keeps a moving average per k (or m = k + 1) and a least-squares line where unmeasured. A lower
+measurement, or one of a cost stale for ``STALE`` rounds, replaces it: load only slows passes.
 """
 
 from __future__ import annotations

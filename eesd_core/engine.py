@@ -8,6 +8,7 @@ several threads; nothing of the model is ever changed.
 
 from __future__ import annotations
 
+import operator
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -96,6 +97,7 @@ class SpeculativeDecoder:
         """Load a local HF checkpoint (never remote code) and its tokenizer, then build a decoder.
         ``dtype`` is the precision of the weights, ``device`` (default the CPU) where they live
         and every pass runs; both are checked before the weights are read."""
+        from safetensors import SafetensorError
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         from eesd_core.devices import resolve_device, resolve_dtype
@@ -103,10 +105,10 @@ class SpeculativeDecoder:
         dtype, where = resolve_dtype(dtype), resolve_device(device)
         try:
             model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=False)
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, SafetensorError) as exc:
             raise InputError(
-                f"Could not load a causal LM checkpoint from {path!r}: {exc}. Pass a directory "
-                "with config.json and safetensors weights (`eesd models fetch` makes one)."
+                f"Could not load a causal LM checkpoint from {path!r}: {type(exc).__name__}: {exc}. Pass a "
+                "directory with config.json and whole safetensors weights (`eesd models fetch` makes one)."
             ) from None
         model.to(where).eval()  # type: ignore[arg-type]
         try:
@@ -144,6 +146,8 @@ class SpeculativeDecoder:
         top_p=1.0, seed=None, eos_token_id=None`` (``None``: the model's; ``[]``: never stop early).
         Row b draws from ``rng[b]``, else ``TorchRandom(seed + b)`` (or a list of seeds), so its
         tokens do not depend on other rows; ``pad_token_id`` fills rows that stopped early."""
+        if pad_token_id is not None:
+            self._token(pad_token_id, "pad_token_id")
         generation = self.stream(input_ids, attention_mask=attention_mask, rng=rng, **kwargs)
         for _ in generation:
             pass
@@ -165,9 +169,8 @@ class SpeculativeDecoder:
         one token); its ``stats`` hold the totals so far. Same arguments as :meth:`generate`."""
         if kwargs.get("eos_token_id") is None:
             kwargs["eos_token_id"] = self._default_eos()
-        seeds = kwargs.pop("seed", None)
+        config = generation_config(**kwargs)
         prompts, padded, single = self._prompts(input_ids, attention_mask)
-        config = generation_config(seed=None if isinstance(seeds, (list, tuple)) else seeds, **kwargs)
         limit = getattr(self.adapter.config, "max_position_embeddings", None)
         for prompt in prompts:
             if limit is not None and len(prompt) + config.max_new_tokens > limit:
@@ -176,7 +179,7 @@ class SpeculativeDecoder:
                     f"the model's context of {limit} tokens: shorten the prompt or lower max_new_tokens."
                 )
         if single:
-            if isinstance(seeds, (list, tuple)) or isinstance(rng, (list, tuple)):
+            if isinstance(config.seed, tuple) or isinstance(rng, (list, tuple)):
                 raise InputError("seed and rng take one value for one sequence, not a list.")
             source = rng if rng is not None else TorchRandom(config.seed)
             return Generation(self.parts(), prompts, config, [source], single=True)
@@ -185,7 +188,7 @@ class SpeculativeDecoder:
                 f"drafter {self.config.drafter!r} drafts for one sequence at a time (batches=False): "
                 "decode batches with drafter=None or with a drafter that drafts for batches."
             )
-        generation = Generation(self.parts(), prompts, config, self._row_rngs(len(prompts), seeds, rng))
+        generation = Generation(self.parts(), prompts, config, self._row_rngs(len(prompts), config.seed, rng))
         generation.padded = padded
         return generation
 
@@ -207,12 +210,10 @@ class SpeculativeDecoder:
             if not isinstance(rng, (list, tuple)) or len(rng) != rows:
                 raise InputError(f"A batch of {rows} rows needs rng as a list of {rows} RandomSources.")
             return list(rng)
-        if isinstance(seeds, (list, tuple)):
-            if len(seeds) != rows or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
+        if isinstance(seeds, tuple):
+            if len(seeds) != rows:
                 raise InputError(f"seed must be an int or a list of {rows} ints for a batch of {rows} rows.")
             return [TorchRandom(s) for s in seeds]
-        if seeds is not None and (isinstance(seeds, bool) or not isinstance(seeds, int)):
-            raise InputError(f"seed must be an int or a list of ints, got {seeds!r}.")
         return [TorchRandom(None if seeds is None else seeds + row) for row in range(rows)]
 
     def _batch_sequences(self, generation: Generation, pad_token_id: int | None) -> Any:
@@ -268,11 +269,16 @@ class SpeculativeDecoder:
         self._check_ids(input_ids)
         if input_ids.shape[0] == 0:
             raise InputError("The batch is empty: give at least one row.")
-        mask = (
-            torch.ones_like(input_ids, dtype=torch.bool)
-            if attention_mask is None
-            else torch.as_tensor(attention_mask)
-        )
+        try:
+            mask = (
+                torch.ones_like(input_ids, dtype=torch.bool)
+                if attention_mask is None
+                else torch.as_tensor(attention_mask)
+            )
+        except (TypeError, ValueError, RuntimeError):
+            raise InputError(
+                f"attention_mask must be a tensor of 0 and 1 shaped like input_ids, got {attention_mask!r}."
+            ) from None
         if tuple(mask.shape) != tuple(input_ids.shape):
             raise InputError(
                 f"attention_mask has shape {tuple(mask.shape)} but input_ids {tuple(input_ids.shape)}: "
@@ -315,10 +321,14 @@ class SpeculativeDecoder:
             raise InputError(f"input_ids must be a tensor or a list of ints, got {type(input_ids).__name__}.")
         if not ids:
             raise InputError("The prompt is empty: give at least one token (e.g. the BOS token).")
+        return [self._token(token, "Token id") for token in ids]
+
+    def _token(self, token: Any, what: str) -> int:
         vocab = self.adapter.vocab_size
-        for token in ids:
-            if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab:
-                raise InputError(
-                    f"Token id {token!r} is not an integer in [0, {vocab}): check the tokenizer."
-                )
-        return ids
+        try:
+            ok = not isinstance(token, bool) and 0 <= operator.index(token) < vocab
+        except TypeError:
+            ok = False
+        if not ok:
+            raise InputError(f"{what} {token!r} is not an integer in [0, {vocab}): check the tokenizer.")
+        return operator.index(token)

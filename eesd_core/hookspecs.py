@@ -1,10 +1,7 @@
 """The hooks of project ``eesd``: what a plug-in module can implement.
 
-A plug-in is a module (or object) listed under the ``eesd`` entry-point group; it implements any of
-the hooks below with ``@eesd_core.hookimpl``. The built-in drafter, controllers, verifier, model
-adapters and tools are plug-ins of exactly this kind, and they meet only through these hooks, never
-by importing each other. This module imports nothing heavy on purpose: the types in the signatures
-are read by type checkers only.
+A plug-in is a module (or object) listed under the ``eesd`` entry-point group that implements any
+of the hooks below with ``@eesd_core.hookimpl``; the built-ins are plug-ins of exactly this kind.
 """
 
 from __future__ import annotations

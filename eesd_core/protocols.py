@@ -1,20 +1,7 @@
 """The contracts between the engine and its plug-ins, and the frozen records they exchange.
 
-Notation (see :mod:`eesd_core.sampling`): p is the target distribution, q the draft distribution,
-k the number of drafts in a round, n the number accepted, N the exit layer, L the number of layers.
-
-Every generation is a batch of B rows (one sequence is B = 1); a round runs them at once::
-
-    controller.begin_round(state, RoundStart(rows, costs))
-    while some row's controller.should_continue(state, DraftStep(i, ...)):  # i = 0 first
-        draft = drafter.step(state, tokens, slot + i, drafting, history)    # q's logits [B, V]
-        if not controller.keep(state, DraftStep(i + 1, confidence of q)):   # optional
-            the row's draft is taken back and it stops
-        each drafting row samples from q and records its Confidence
-    hidden = drafter.finish(state, last tokens, slot + k)   # layer-N states of every row's inputs
-    p = target layers [N, L) over hidden                    # [B, k+1, V]
-    (n, token) per row = verifier.verify(drafts, qs, p, rngs)
-    commit, roll every cache back; controller.update(state, outcomes); observers see each row
+p is the target distribution, q the draft distribution, k the drafts of a round, n those accepted,
+N the exit layer. How a round calls them, and each contract in detail: ``docs/protocols.md``.
 """
 
 from __future__ import annotations
@@ -177,14 +164,9 @@ class RandomSource(Protocol):
 
 @runtime_checkable
 class Controller(Protocol):
-    """Decides before each draft whether to draft it; learns from each round.
-
-    ``start`` returns the generation's own state, handed back to every other call: generations may
-    run at once, in several threads. What it learns across generations it keeps itself, safe to
-    update from several threads. A controller declaring ``withdraws = True`` also has
-    ``keep(state, step) -> bool``, asked before a draft is drawn: False takes it back (only its
-    step is spent). It may depend on q, never on a sampled token, so verification stays exact.
-    """
+    """Decides before each draft whether to draft it; learns from each round. ``start`` returns
+    the generation's own state (generations may run at once, in several threads); ``withdraws =
+    True`` promises ``keep(state, step) -> bool`` too (``docs/protocols.md``)."""
 
     def start(self, request: Request) -> Any: ...
 
@@ -209,20 +191,9 @@ class Verifier(Protocol):
 @runtime_checkable
 class Drafter(Protocol):
     """Proposes drafts for the rows of a batch, one step at a time; the engine runs the loop.
-
-    ``shared_layers`` is N, the target's first layers the drafter runs itself over the target's
-    cache (0: none); their output over the prompts ``[B, S, H]`` goes to ``begin(cache, layout,
-    hidden)``, which returns the generation's state. Slots are the cache's columns; the
-    :class:`~eesd_core.cache.BatchLayout` says which position of which row each holds. In a round
-    from slot S, ``step(state, tokens [B], S + i, drafting [B], history)`` puts every feeding row's
-    token through layers [0, N) and proposes for the rows ``drafting`` marks (``history[b]``: row
-    b's tokens so far); ``finish(state, tokens, S + k)`` feeds the last slot (``None``: no row
-    does) and returns the layer-N states of slots [S, S + k] ``[B, k + 1, H]`` (``None`` when N = 0).
-    ``rollback(state, slots)`` cuts back; ``relayout(state, rows, index)`` keeps slot rows ``rows``,
-    new slot j of row b holding old slot ``index[b, j]`` (-1: empty); ``top_states(state, hidden,
-    slot)`` hands a drafter that ``reads_top_states`` the target's last-layer states. Declared
-    capabilities: ``withdraws`` (a row may stop without feeding its latest draft), ``batches``.
-    """
+    It runs the target's first ``shared_layers`` layers itself over the target's cache, keeps its
+    per-generation state in what ``begin`` returns, and declares the capabilities ``withdraws``
+    and ``batches``. Each member's contract: ``docs/protocols.md``."""
 
     shared_layers: int
     reads_top_states: bool
@@ -310,26 +281,9 @@ def contract_breaches(kind: str, component: Any) -> list[str]:
 
 @runtime_checkable
 class ModelAdapter(Protocol):
-    """One architecture's view of a causal LM: embed, layers [a, b), final norm, LM head.
-
-    Everything eesd does to a model goes through these members, so a new architecture needs only
-    an adapter (hook ``eesd_register_model_adapters``); it never changes the model. Its factory is
-    called as ``factory(model)`` (or ``factory(model, options)`` with an options model) and has a
-    ``supports(model) -> bool`` class method. Shapes: B rows, m positions, H hidden, V vocabulary.
-
-    ``run(hidden [B, m, H], start, end, cache, positions, valid=None, rotary=None)`` runs layers
-    [start, end), appending to ``cache``. With ``valid`` ``None`` every row's keys are its
-    positions 0 .. in slot order and ``positions`` is the first new one (an int); else ``valid``
-    ``[B, total]`` marks the slots holding a key of each row (this pass's m last), ``positions``
-    ``[B, m]`` are each row's own, and a row's valid keys are its positions 0, 1, ... in slot order
-    (left padding and gaps allowed). Each row computes what it would alone; a query in an empty
-    slot is padding (finite, unspecified). ``rotary(hidden, positions)`` may be computed once and
-    handed to several runs. ``logits(normed [..., H], weight=None) -> [..., V]`` goes through the
-    LM head, or through ``weight`` ``[V', H]`` (a vocabulary subset). An exit head uses
-    ``copy_layer(index, slot)`` (a trainable copy writing slot ``slot`` of its cache),
-    ``copy_norm()`` and ``run_copies(layers, hidden, cache, positions, valid, rotary)``; an
-    adapter of a model with no layers to copy may raise ``NotImplementedError`` there.
-    """
+    """One architecture's view of a causal LM (embed, layers [a, b), final norm, LM head),
+    through which eesd does everything to a model, never changing it. Registered by hook
+    ``eesd_register_model_adapters``; each member's contract: ``docs/protocols.md``."""
 
     model: Any
     config: Any

@@ -3,7 +3,8 @@
 Plug-ins come from the ``eesd`` entry-point group, built-ins included. Two environment variables
 filter them by entry-point name: ``EESD_LOAD_PLUGINS`` (comma-separated allow-list) and
 ``EESD_DISABLE_PLUGINS`` (block-list). Each registration hook is called once per plug-in with a
-registrar that knows which plug-in is registering, so a clash names both culprits.
+registrar that knows which plug-in is registering. A plug-in that fails to load or register is
+left out with a warning (``Manager.broken``), or is an error under ``EESD_STRICT_PLUGINS=1``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import importlib.metadata as metadata
 import os
 import re
 import threading
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,8 +60,8 @@ class PluginInfo:
 class Registry:
     """The components of one kind, by name."""
 
-    def __init__(self, kind: str) -> None:
-        self.kind = kind
+    def __init__(self, kind: str, broken: Iterable[str] = ()) -> None:
+        self.kind, self.broken = kind, sorted(broken)
         self._entries: dict[str, Entry] = {}
 
     def entries(self) -> list[Entry]:
@@ -75,7 +77,8 @@ class Registry:
             raise UnknownPluginError(
                 f"No {self.kind} named {name!r}. Registered {self.kind}s: "
                 f"{', '.join(self.names()) or 'none'}. Check the spelling, or install the plug-in "
-                "that provides it (`eesd plugins` lists what is loaded)."
+                "that provides it (`eesd plugins` lists what is loaded"
+                + (f"; left out for errors: {', '.join(self.broken)})." if self.broken else ").")
             ) from None
 
     def _add(self, entry: Entry) -> None:
@@ -110,10 +113,26 @@ class Registrar:
         self._registry._add(Entry(self._registry.kind, name, factory, options, self.plugin))
 
 
+FILTERS = ("EESD_LOAD_PLUGINS", "EESD_DISABLE_PLUGINS")
+
+
+def _names(variable: str) -> list[str]:
+    return [n.strip() for n in os.environ.get(variable, "").split(",") if n.strip()]
+
+
 def _selected(name: str) -> bool:
-    allow = [n.strip() for n in os.environ.get("EESD_LOAD_PLUGINS", "").split(",") if n.strip()]
-    block = [n.strip() for n in os.environ.get("EESD_DISABLE_PLUGINS", "").split(",") if n.strip()]
-    return (not allow or name in allow) and name not in block
+    allow = _names("EESD_LOAD_PLUGINS")
+    return (not allow or name in allow) and name not in _names("EESD_DISABLE_PLUGINS")
+
+
+def _check_filters(found: list[str]) -> None:
+    """A filter naming no installed plug-in is a typo, not a request for nothing."""
+    for variable in FILTERS:
+        if unknown := [n for n in _names(variable) if n not in found]:
+            raise PluginLoadError(
+                f"{variable} names {', '.join(map(repr, unknown))}, but no installed eesd plug-in is "
+                f"called that. Installed plug-ins: {', '.join(sorted(found)) or 'none'}."
+            )
 
 
 class Manager:
@@ -123,30 +142,38 @@ class Manager:
         self.pm = pluggy.PluginManager("eesd")
         self.pm.add_hookspecs(hookspecs)
         self.info: dict[str, PluginInfo] = {}
+        self.broken: dict[str, str] = {}  # plug-ins left out, with why
         self._registries: dict[str, Registry] | None = None
 
     def load_entry_points(self, entry_points: Iterable[metadata.EntryPoint] | None = None) -> None:
         """Import and register every selected entry point of the ``eesd`` group."""
-        found = metadata.entry_points(group=GROUP) if entry_points is None else entry_points
-        for ep in sorted(found, key=lambda e: e.name):
+        found = sorted(
+            metadata.entry_points(group=GROUP) if entry_points is None else entry_points, key=lambda e: e.name
+        )
+        _check_filters([ep.name for ep in found])
+        for ep in found:
             if not _selected(ep.name) or self.pm.has_plugin(ep.name):
                 continue
             dist = getattr(ep, "dist", None)
             dist_name = dist.metadata["Name"] if dist is not None else None
             version = dist.version if dist is not None else None
             try:
-                plugin = ep.load()
-                self.register(plugin, ep.name, dist_name, version)
-            except PluginError:
-                raise
+                self.register(ep.load(), ep.name, dist_name, version)
+                self.check_pending()
             except Exception as exc:
-                raise PluginLoadError(
-                    f"Could not load eesd plug-in {ep.name!r} ({ep.value}) from distribution "
-                    f"{dist_name or 'unknown'} {version or ''}: {type(exc).__name__}: {exc}. "
-                    f"Reinstall or upgrade that distribution, or skip it with "
-                    f"EESD_DISABLE_PLUGINS={ep.name}."
-                ) from exc
-        self.check_pending()
+                where = f"({ep.value}) from distribution {dist_name or 'unknown'} {version or ''}"
+                self._broken(ep.name, f"Could not load eesd plug-in {ep.name!r} {where}", exc)
+
+    def _broken(self, name: str, problem: str, exc: Exception) -> None:
+        """Leave plug-in ``name`` out with a warning, or raise where plug-ins must all load."""
+        message = f"{problem}: {type(exc).__name__}: {exc} Reinstall or upgrade it, or skip it with "
+        message += f"EESD_DISABLE_PLUGINS={name}."
+        if os.environ.get("EESD_STRICT_PLUGINS", "") not in ("", "0"):
+            raise PluginLoadError(f"{message} (EESD_STRICT_PLUGINS is set)") from exc
+        self.pm.unregister(name=name) if self.pm.has_plugin(name) else None
+        self.info.pop(name, None)
+        self.broken[name] = message
+        warnings.warn(f"{message} It is left out.", RuntimeWarning, stacklevel=3)
 
     def check_pending(self) -> None:
         """Every hook implementation must match a spec: a misspelt hook is an error, not a no-op."""
@@ -175,11 +202,17 @@ class Manager:
         return self._registries[kind]
 
     def _collect(self) -> dict[str, Registry]:
-        registries = {kind: Registry(kind) for kind in KINDS}
+        registries = {kind: Registry(kind, self.broken) for kind in KINDS}
         for kind, hook_name in KINDS.items():
             caller = getattr(self.pm.hook, hook_name)
             for impl in reversed(caller.get_hookimpls()):
-                impl.function(register=Registrar(registries[kind], impl.plugin_name))
+                try:
+                    impl.function(register=Registrar(registries[kind], impl.plugin_name))
+                except Exception as exc:
+                    self._broken(
+                        impl.plugin_name, f"eesd plug-in {impl.plugin_name!r} failed in {hook_name}", exc
+                    )
+                    return self._collect()
         return registries
 
     def has_observers(self, hook_name: str) -> bool:

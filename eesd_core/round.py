@@ -4,10 +4,9 @@ accept -> roll back, the same code for every batch size.
 The rows share one cache whose *slots* are columns; prompts are left-padded into slots [0, T). The
 cache holds every committed token but the last, the row's *pending* one. A round writes slots [S, S
 + m) for every row (m = 1 + the most drafts): row b feeds its pending token and k_b drafts, keeps
-its n_b + 1 accepted inputs (the rest become gaps), and the batch moves on to S + max(n_b + 1). The
-:class:`~eesd_core.cache.BatchLayout` keeps rows apart; while it is dense (one row always) passes
-need no masks. Drafting runs in lockstep, each row asked through :class:`~eesd_core.control.Control`
-and drawing from its own random source. A call owns everything here: calls may run in any thread.
+its n_b + 1 accepted inputs (the rest become gaps), and the batch moves on to S + max(n_b + 1).
+Drafting runs in lockstep, each row asked through :class:`~eesd_core.control.Control` and drawing
+from its own random source. A call owns everything here: calls may run in any thread.
 """
 
 from __future__ import annotations

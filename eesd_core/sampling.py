@@ -1,11 +1,8 @@
 """Pure probability helpers: logits to the distributions p and q.
 
-Notation, used everywhere in eesd: **p** the target's next-token distribution, **q** the draft
-distribution the drafter sampled from, **k** drafts in a round, **n** of them accepted, **N** the
-exit layer (the drafter runs layers [0, N)), **L** the number of layers. (gpt-fast names p and q
-the other way round; we do not.) p and q go through the same processing (temperature, then top-k,
-then top-p, as transformers orders its warpers) in float32 or wider. Temperature 0 puts all mass
-on the first maximum, which makes rejection sampling an exact-match test that draws nothing.
+**p** is the target's next-token distribution, **q** the drafter's. Both go through the same
+processing (temperature, then top-k, then top-p, as transformers orders its warpers) in float32 or
+wider. Temperature 0 puts all mass on the first maximum: verification then draws nothing.
 """
 
 from __future__ import annotations
@@ -14,7 +11,7 @@ import math
 
 import torch
 
-from eesd_core.errors import NumericalError
+from eesd_core.errors import InputError, NumericalError
 from eesd_core.protocols import SamplingParams
 
 
@@ -39,6 +36,11 @@ def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
         scores = _keep_top_p(scores, params.top_p)
     probs = torch.softmax(scores, dim=-1)
     if torch.isnan(probs).any():
+        if bool(torch.isinf(scores).any()) and bool(torch.isfinite(logits).any(dim=-1).all()):
+            raise InputError(
+                f"temperature={params.temperature} is so small that logits / temperature overflow "
+                f"{logits.dtype}: use temperature=0 for greedy decoding, or a larger temperature."
+            )
         raise NumericalError("every logit is -inf in a row: there is no token to sample.")
     return probs
 
@@ -86,10 +88,12 @@ class TorchRandom:
 
     def __init__(self, seed: int | None = None, device: str | torch.device = "cpu") -> None:
         self.generator = torch.Generator(device=device)
-        if seed is None:
-            self.generator.seed()
-        else:
-            self.generator.manual_seed(seed)
+        try:
+            self.generator.seed() if seed is None else self.generator.manual_seed(seed)
+        except (RuntimeError, ValueError):
+            raise InputError(
+                f"seed {seed} does not fit in 64 bits (row b of a batch draws from seed + b)."
+            ) from None
 
     def uniform(self) -> float:
         return float(torch.rand((), generator=self.generator, device=self.generator.device))

@@ -75,17 +75,9 @@ class BatchStats:
     total_time: float = 0.0
     relayouts: int = 0
 
-    @property
-    def new_tokens(self) -> int:
-        return sum(row.new_tokens for row in self.rows)
-
-    @property
-    def drafted(self) -> int:
-        return sum(row.drafted for row in self.rows)
-
-    @property
-    def accepted(self) -> int:
-        return sum(row.accepted for row in self.rows)
+    new_tokens = property(lambda self: sum(row.new_tokens for row in self.rows))
+    drafted = property(lambda self: sum(row.drafted for row in self.rows))
+    accepted = property(lambda self: sum(row.accepted for row in self.rows))
 
     @property
     def tokens_per_second(self) -> float:

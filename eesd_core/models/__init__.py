@@ -8,6 +8,7 @@ whose ``supports(model)`` is true, with its options validated. The built-ins reg
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Any, Literal
 
 from eesd_core.config import PluginOptions, validate
@@ -65,7 +66,7 @@ class LazyAdapter:
 
 def find_adapter(model: Any, options: dict[str, Any] | None = None) -> ModelAdapter:
     """Wrap ``model`` in the adapter that supports its architecture, or say which ones exist."""
-    from eesd_core.registry import get_manager
+    from eesd_core.registry import FILTERS, get_manager
 
     entries = get_manager().registry("model_adapter").entries()
     for entry in entries:
@@ -82,4 +83,5 @@ def find_adapter(model: Any, options: dict[str, Any] | None = None) -> ModelAdap
         f"No model adapter supports architecture {model_type!r}. Supported: "
         f"{', '.join(supported) or 'none registered'}. Install a plug-in that registers an adapter "
         "for it (hook eesd_register_model_adapters), or use a model of a supported family."
+        + "".join(f" Plug-ins are filtered by {v}={os.environ[v]!r}." for v in FILTERS if os.environ.get(v))
     )

@@ -1,16 +1,10 @@
 """What the adapters for Hugging Face decoder-only models share.
 
-The models served here are laid out as ``model.model.embed_tokens``, ``.layers``, ``.norm``,
-``.rotary_emb`` and ``model.lm_head``; each decoder layer takes ``(hidden, attention_mask,
-position_embeddings, cache)`` and writes its keys and values through ``cache.update``. Masks are
-built here, per layer kind (full or sliding window), as additive float masks.
-
-The model is never changed: an adapter runs its own module tree around the model's parameters, in
-which every plain ``nn.Linear`` is a :class:`RoutedLinear` that multiplies as the current pass says
-(a context variable, so threads and decoders sharing the model never see each other's passes):
-through a product a plug-in chose for that many rows (hook ``eesd_linear_products``), over the
-rows that count when a batched pass skips its padding, else with plain ``F.linear``. A family's
-subclass of :class:`DecoderAdapter` says which ``model_type`` values it serves and what differs.
+Models laid out as ``model.model.embed_tokens``, ``.layers``, ``.norm``, ``.rotary_emb`` and
+``model.lm_head``; masks are built here per layer kind (full or sliding window). The model is never
+changed: an adapter runs its own module tree around the model's parameters, in which each
+``nn.Linear`` is a :class:`RoutedLinear` that multiplies as the current pass says (a context
+variable, so threads and decoders sharing the model never see each other's passes).
 """
 
 from __future__ import annotations

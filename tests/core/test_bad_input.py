@@ -102,11 +102,70 @@ def test_bad_configuration(model, kwargs: dict, error: type, message: str) -> No
         ([1, 2], dict(attention_mask=[1, 1]), "attention_mask goes with input_ids of shape"),
         ([1, 2], dict(max_new_tokens=10_000), "exceeds the model's context of 512"),
         ("hello", {}, "tensor or a list of ints"),
+        # kinds as well as ranges: a bool is not a number, seeds fit a torch generator
+        ([1, 2], dict(max_new_tokens=True), "max_new_tokens takes numbers, not the bool True"),
+        ([1, 2], dict(temperature=False), "temperature takes numbers, not the bool False"),
+        ([1, 2], dict(eos_token_id=[True]), "eos_token_id takes numbers, not the bool True"),
+        ([1, 2], dict(seed=2**64), "seed 18446744073709551616 does not fit in 64 bits"),
+        ([[1, 2], [3]], dict(seed=2**64 - 1), "does not fit in 64 bits .row b of a batch"),
+        ([[1, 2], [3]], dict(pad_token_id="x"), "pad_token_id 'x' is not an integer in"),
+        ([[1, 2], [3]], dict(pad_token_id=1.5), "pad_token_id 1.5 is not an integer in"),
+        ([[1, 2], [3]], dict(pad_token_id=97), "pad_token_id 97 is not an integer in .0, 97"),
+        ([[1, 2], [3]], dict(pad_token_id=True), "pad_token_id True"),
+        (torch.ones(2, 3, dtype=torch.long), dict(attention_mask="abc"), "attention_mask must be a tensor"),
     ],
 )
 def test_bad_arguments(decoder, ids, kwargs: dict, message: str) -> None:
     with pytest.raises(InputError, match=message):
         decoder.generate(ids, **kwargs)
+
+
+def test_numpy_and_torch_scalars_count_as_numbers(decoder) -> None:
+    import numpy as np
+
+    plain = decoder.generate([[1, 2], [3]], max_new_tokens=4, temperature=1.0, seed=[5, 6], pad_token_id=0)
+    scalars = decoder.generate(
+        [[np.int64(1), 2], [torch.tensor(3).item()]],
+        max_new_tokens=np.int64(4),
+        temperature=np.float32(1.0),
+        seed=[np.int64(5), torch.tensor(6)],
+        pad_token_id=np.int32(0),
+    )
+    assert all(torch.equal(a, b) for a, b in zip(plain.sequences, scalars.sequences, strict=True))
+
+
+def test_a_temperature_that_overflows_the_logits_is_explained() -> None:
+    model32 = make_tiny("llama", 0, dtype=torch.float32)
+    decoder = SpeculativeDecoder(
+        model32, drafter="early_exit", drafter_options={"exit_layer": 2}, controller="fixed"
+    )
+    with pytest.raises(InputError, match="temperature=1e-40 is so small that logits / temperature overflow"):
+        decoder.generate([1, 2], max_new_tokens=3, temperature=1e-40, seed=0)
+    assert decoder.generate([1, 2], max_new_tokens=3, temperature=1e-3, seed=0).sequences.shape == (1, 5)
+
+
+def test_a_damaged_checkpoint_is_an_input_error_naming_it(tmp_path) -> None:
+    model = make_tiny("llama", 0, dtype=torch.float32)
+    model.save_pretrained(tmp_path)
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(InputError, match=f"{tmp_path}.*SafetensorError.*whole safetensors weights"):
+        SpeculativeDecoder.from_pretrained(str(tmp_path), controller="fixed")
+    weights.write_bytes(b"")
+    with pytest.raises(InputError, match="SafetensorError"):
+        SpeculativeDecoder.from_pretrained(str(tmp_path), controller="fixed")
+
+
+def test_unsupported_architecture_mentions_a_plug_in_filter(monkeypatch: pytest.MonkeyPatch, model) -> None:
+    from eesd_core.registry import reset_manager
+
+    monkeypatch.setenv("EESD_LOAD_PLUGINS", "lossless,baselines")
+    reset_manager()
+    try:
+        with pytest.raises(UnsupportedModelError, match="filtered by EESD_LOAD_PLUGINS='lossless,baselines'"):
+            SpeculativeDecoder(model, drafter=None, controller="fixed")
+    finally:
+        reset_manager()
 
 
 def test_decoder_stays_usable_after_an_error(decoder) -> None:

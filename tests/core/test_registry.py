@@ -33,6 +33,7 @@ def _entry_point(name: str, module: str) -> metadata.EntryPoint:
 def fresh_registry(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.delenv("EESD_LOAD_PLUGINS", raising=False)
     monkeypatch.delenv("EESD_DISABLE_PLUGINS", raising=False)
+    monkeypatch.delenv("EESD_STRICT_PLUGINS", raising=False)
     reset_manager()
     yield
     reset_manager()
@@ -60,10 +61,74 @@ def test_plugins_json_lists_the_default_plug_ins(capsys: pytest.CaptureFixture[s
     assert "eesd_register_verifiers" in report["lossless"]["hooks"]
 
 
-def test_import_failure_names_the_entry_point_and_distribution() -> None:
+def test_import_failure_names_the_entry_point_and_distribution(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EESD_STRICT_PLUGINS", "1")
+    with pytest.raises(PluginLoadError, match="'broken'.*eesd_no_such_module.*EESD_STRICT_PLUGINS"):
+        Manager().load_entry_points([_entry_point("broken", "eesd_no_such_module")])
+
+
+def _with_broken_entry_point(monkeypatch: pytest.MonkeyPatch, name: str, module: str) -> None:
+    installed = list(metadata.entry_points(group="eesd"))
+    monkeypatch.setattr(metadata, "entry_points", lambda group: [*installed, _entry_point(name, module)])
+
+
+def test_a_plug_in_that_fails_to_import_is_left_out_and_the_rest_works(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _with_broken_entry_point(monkeypatch, "broken", "eesd_no_such_module")
+    with pytest.warns(RuntimeWarning, match="'broken'.*eesd_no_such_module.*EESD_DISABLE_PLUGINS=broken"):
+        manager = get_manager()
+    assert "broken" in manager.broken and "broken" not in manager.info
+    assert set(manager.info) >= BUILT_INS
+    with pytest.raises(UnknownPluginError, match="left out for errors: broken"):
+        manager.registry("controller").get("from_the_broken_one")
+
+
+def test_eesd_plugins_lists_a_broken_plug_in_and_exits_0_unless_strict(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _with_broken_entry_point(monkeypatch, "broken", "eesd_no_such_module")
+    with pytest.warns(RuntimeWarning):
+        assert main(["plugins"]) == 0
+    out = capsys.readouterr().out
+    assert "BROKEN" in out and "eesd_no_such_module" in out and "lossless" in out
+    assert main(["plugins", "--strict"]) == 1
+    capsys.readouterr()
+    assert main(["plugins", "--json"]) == 0
+    report = {item["name"]: item for item in json.loads(capsys.readouterr().out)}
+    assert "ModuleNotFoundError" in report["broken"]["broken"]
+
+
+def test_a_broken_plug_in_leaves_the_other_commands_in_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    _with_broken_entry_point(monkeypatch, "broken", "eesd_no_such_module")
+    from eesd_core.cli import build_parser
+
+    with pytest.warns(RuntimeWarning):
+        parser = build_parser()
+    assert parser.parse_args(["models", "list"]).func is not None
+
+
+def test_a_registration_hook_that_raises_is_named_and_left_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    def register(register):  # noqa: ANN001, ANN202
+        raise RuntimeError("the registration went wrong")
+
     manager = Manager()
-    with pytest.raises(PluginLoadError, match="'broken'.*eesd_no_such_module"):
-        manager.load_entry_points([_entry_point("broken", "eesd_no_such_module")])
+    manager.register(_module("eesd_test_raises", eesd_register_controllers=register), "raiser")
+    with pytest.warns(RuntimeWarning, match="'raiser' failed in eesd_register_controllers.*went wrong"):
+        assert manager.registry("controller").names() == []
+    assert "raiser" in manager.broken and "raiser" not in manager.info
+    monkeypatch.setenv("EESD_STRICT_PLUGINS", "1")
+    strict = Manager()
+    strict.register(_module("eesd_test_raises", eesd_register_controllers=register), "raiser")
+    with pytest.raises(PluginLoadError, match="'raiser'.*RuntimeError: the registration went wrong"):
+        strict.registry("controller")
+
+
+@pytest.mark.parametrize("variable", ["EESD_LOAD_PLUGINS", "EESD_DISABLE_PLUGINS"])
+def test_a_filter_naming_no_plug_in_says_so(monkeypatch: pytest.MonkeyPatch, variable: str) -> None:
+    monkeypatch.setenv(variable, "lossless,nonsense")
+    with pytest.raises(PluginLoadError, match=f"{variable} names 'nonsense'.*Installed plug-ins: .*lossless"):
+        get_manager()
 
 
 def test_duplicate_names_name_both_plug_ins() -> None:
@@ -75,8 +140,9 @@ def test_duplicate_names_name_both_plug_ins() -> None:
     manager = Manager()
     manager.register(_module("eesd_test_a", eesd_register_controllers=register), "first")
     manager.register(_module("eesd_test_b", eesd_register_controllers=register), "second")
-    with pytest.raises(PluginError, match="'first'.*'second'|'second'.*'first'"):
-        manager.registry("controller")
+    with pytest.warns(RuntimeWarning, match="'first'.*'second'|'second'.*'first'"):
+        assert manager.registry("controller").names() == ["twin"]
+    assert len(manager.broken) == 1
 
 
 @pytest.mark.parametrize(
@@ -88,8 +154,9 @@ def test_duplicate_names_name_both_plug_ins() -> None:
     ],
 )
 def test_malformed_registrations_fail_at_once(
-    name: str, factory: object, options: object, message: str
+    name: str, factory: object, options: object, message: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("EESD_STRICT_PLUGINS", "1")
     def register(register):  # noqa: ANN001, ANN202
         register.add(name, factory, options=options)
 

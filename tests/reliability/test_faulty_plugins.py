@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from eesd_early_exit.drafter import EarlyExitDrafter
@@ -40,6 +41,7 @@ CONTROLLERS = {
     "raises": lambda: _Controller(_raise),
     "non_bool": lambda: _Controller(lambda step: "yes"),
     "never_stops": lambda: _Controller(lambda step: True),
+    "numpy_bools": lambda: _Controller(lambda step: np.bool_(step.index < 2)),
 }
 
 
@@ -118,6 +120,23 @@ def test_faulty_controller_is_named(model, name: str, message: str) -> None:
         with pytest.raises(PluginFault, match=message):
             dec.generate([4, 5, 6], max_new_tokens=6)
     _still_usable(dec, model)
+
+
+def test_numpy_bools_are_bools(model) -> None:
+    numpy_bools = SpeculativeDecoder(
+        model, drafter="early_exit", drafter_options={"exit_layer": 2}, controller="numpy_bools"
+    )
+    fixed = SpeculativeDecoder(
+        model,
+        drafter="early_exit",
+        drafter_options={"exit_layer": 2},
+        controller="fixed",
+        controller_options={"k": 2},
+    )
+    got = numpy_bools.generate([4, 5, 6], max_new_tokens=8)
+    assert got.stats.drafted > 0 and torch.equal(
+        got.sequences, fixed.generate([4, 5, 6], max_new_tokens=8).sequences
+    )
 
 
 def test_controller_that_never_stops_is_capped(model) -> None:

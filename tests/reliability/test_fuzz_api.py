@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import resource
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -92,3 +94,58 @@ def test_random_generate_arguments(ids, max_new_tokens, temperature, top_k, top_
 @pytest.mark.parametrize("ids", [torch.tensor([[1, 2]], dtype=torch.int32), torch.tensor([3, 4])])
 def test_integer_tensors_of_any_width_are_accepted(ids: torch.Tensor) -> None:
     assert DECODER.generate(ids, max_new_tokens=2).sequences.shape[1] == ids.numel() + 2
+
+
+odd = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.integers(-3, 40),
+    st.floats(),
+    st.text(max_size=3),
+    st.builds(np.int64, st.integers(-3, 40)),
+    st.builds(np.float32, st.floats(0, 2, width=32)),
+    st.just(np.True_),
+    st.lists(
+        st.one_of(st.booleans(), st.integers(-3, 40), st.builds(np.int64, st.integers(0, 30))), max_size=3
+    ),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    batch=st.booleans(),
+    max_new_tokens=st.one_of(odd, st.integers(1, 6)),
+    temperature=st.one_of(odd, st.sampled_from([0.0, 0.7, 1e-40])),
+    seed=odd,
+    eos_token_id=odd,
+    pad_token_id=odd,
+    attention_mask=st.one_of(st.none(), odd),
+)
+def test_odd_generate_arguments_fail_cleanly_and_in_bounded_memory(  # noqa: ANN201
+    batch,
+    max_new_tokens,
+    temperature,
+    seed,
+    eos_token_id,
+    pad_token_id,
+    attention_mask,  # noqa: ANN001
+):
+    # only EESDError subclasses escape, whatever the kind of each argument; memory stays bounded
+    ids = torch.tensor([[0, 5, 6], [7, 8, 9]]) if batch else [5, 6]
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    try:
+        out = DECODER.generate(
+            ids,
+            attention_mask=attention_mask,
+            pad_token_id=pad_token_id,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            seed=seed,
+            eos_token_id=eos_token_id,
+        )
+    except EESDError:
+        return
+    finally:
+        assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 256 * 1024  # KiB
+    assert out.sequences.shape[-1] <= 3 + int(max_new_tokens)
