@@ -24,7 +24,7 @@ from eesd_core.models import find_adapter
 from eesd_early_exit.data import CaptureSettings, generate_shards, rank_vocab, read_shards
 from eesd_early_exit.evaluate import decode_stats, format_report, teacher_forced
 from eesd_early_exit.head import ExitHead
-from eesd_early_exit.headfile import fingerprint, load_head, read_metadata, save_head
+from eesd_early_exit.headfile import check_head, fingerprint, load_head, read_metadata, save_head
 from eesd_early_exit.prompts import encode_prompts, load_prompts
 from eesd_early_exit.settings import TrainSettings
 from eesd_early_exit.train import train_head
@@ -183,9 +183,8 @@ def evaluate_only(
 ) -> dict[str, Any]:
     """Evaluate an existing head file; held-out data at its exit layer goes to the work directory."""
     adapter = find_adapter(model)
-    metadata = read_metadata(head_path)
-    config.exit_layer = int(metadata["exit_layer"])
-    config.top_input = metadata.get("exit_input", "hidden") == "hidden+top"
+    spec = check_head(head_path, adapter)
+    config.exit_layer, config.top_input = spec.exit_layer, spec.top_input
     _, held_ids = _prompt_ids([], heldout, tokenizer)
     eos = _eos_ids(model)
     capture = config.capture(adapter.num_layers)
@@ -218,22 +217,16 @@ def _adopt_head(adapter: Any, config: DistillConfig) -> None:
     """Take the shape of the head to continue (``init_head``) into ``config``: its exit layer and
     input decide the data, its layers, MLP width and vocabulary subset what trains. A head made for
     another model, or at another exit layer than ``config`` names, is refused before any work."""
-    from eesd_early_exit.headfile import check_target
-
-    metadata = read_metadata(config.init_head)
-    check_target(metadata, adapter, config.init_head)
-    layer = int(metadata["exit_layer"])
+    spec = check_head(config.init_head, adapter)
+    layer = spec.exit_layer
     if config.exit_layer != layer:
         raise ConfigError(
             f"exit layer {config.exit_layer} but the head to continue ({config.init_head}) drafts from "
             f"layer {layer}: drop --exit-layer or give a head distilled at layer {config.exit_layer}."
         )
-    source = int(metadata.get("init_layer", "-1"))
-    config.exit_layer, config.head_layers = layer, int(metadata["num_exit_layers"])
-    config.top_input = metadata.get("exit_input", "hidden") == "hidden+top"
-    config.mlp_width = int(metadata.get("mlp_width", "0"))
-    config.vocab_size_subset = int(metadata.get("vocab_subset", "0"))
-    config.init_layer = source if 0 <= source < adapter.num_layers else None
+    config.head_layers, config.top_input = spec.num_layers, spec.top_input
+    config.mlp_width, config.init_layer = spec.mlp_width, spec.init_layer
+    config.vocab_size_subset = spec.vocab_subset or 0
 
 
 def _check(adapter: Any, config: DistillConfig) -> None:

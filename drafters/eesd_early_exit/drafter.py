@@ -36,7 +36,7 @@ from eesd_core.devices import pass_tokens
 from eesd_core.errors import ConfigError
 from eesd_core.protocols import Draft, ModelAdapter
 from eesd_early_exit.head import UntrainedHead
-from eesd_early_exit.headfile import find_shipped_head, load_head, read_metadata
+from eesd_early_exit.headfile import check_head, find_shipped_head, load_head
 from eesd_early_exit.joined import JoinedRounds
 from eesd_early_exit.options import EarlyExitOptions
 
@@ -78,17 +78,17 @@ class EarlyExitDrafter(JoinedRounds):
         head_path = self.options.head
         if head_path == "auto":
             head_path = find_shipped_head(adapter)
-            # a shipped head distilled at another layer than the one asked for is not used
-            if head_path is not None and exit_layer is not None and _head_layer(head_path) != exit_layer:
-                head_path = None
         if head_path is not None:
-            head_layer = _head_layer(head_path)
-            if exit_layer is not None and exit_layer != head_layer:
+            head_layer = check_head(head_path, adapter).exit_layer  # refuses a head that does not fit
+            if exit_layer is not None and exit_layer != head_layer and self.options.head == "auto":
+                head_path = None  # a shipped head distilled at another layer than the one asked for
+            elif exit_layer is not None and exit_layer != head_layer:
                 raise ConfigError(
                     f"exit_layer={exit_layer} but the head file was distilled at layer {head_layer}: "
                     "drop exit_layer or use a head distilled for that layer."
                 )
-            exit_layer = head_layer
+            else:
+                exit_layer = head_layer
         if exit_layer is None:
             exit_layer = max(1, adapter.num_layers // 4)
         if not 1 <= exit_layer < adapter.num_layers:
@@ -257,7 +257,3 @@ def _previous(layout: Any, start: int, count: int) -> torch.Tensor:
     last = torch.where(valid, slots, -1).cummax(dim=1).values
     before = torch.cat([last.new_full((last.shape[0], 1), -1), last[:, :-1]], dim=1)
     return before[:, start : start + count]
-
-
-def _head_layer(path: str | Path) -> int:
-    return int(read_metadata(path)["exit_layer"])

@@ -3,14 +3,16 @@
 Metadata (all strings, as safetensors requires): ``format`` (``eesd-exit-head``), ``format_version``,
 ``architecture`` (model_type), ``hidden_size``, ``vocab_size``, ``num_target_layers``,
 ``fingerprint`` (of the target's weights), ``exit_layer``, ``num_exit_layers``, ``init_layer``,
+``mlp_width`` (of the head's layers; absent in older files, whose layers are the target's width),
 ``vocab_subset`` (number of tokens, 0 for the full vocabulary), ``exit_input`` (``hidden`` for the
 paper's head on h_N, ``hidden+top`` for a head that also reads the target's top state; absent in
 older files, which are ``hidden``), ``storage`` (``float``, or ``int8``: each matrix stored as int8
 with a float32 scale per output row, ``NAME.scale``, which halves a bfloat16 file; absent in older
 files, which are ``float``), ``training`` (JSON) and
-``tensors_sha256`` (of every tensor's name, dtype, shape and bytes, as stored). Loading checks the
-metadata against the target before any tensor is read, then the tensors against their checksum, so
-a file damaged after it was written is refused rather than used; writing is atomic.
+``tensors_sha256`` (of every tensor's name, dtype, shape and bytes, as stored). Loading checks
+every field, and the tensors the header declares, against the target before any tensor is read or
+any module built (:mod:`eesd_early_exit.headcheck`), then the tensors against their checksum, so a
+file damaged or forged after it was written is refused rather than used; writing is atomic.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +32,15 @@ from safetensors.torch import save_file
 
 from eesd_core.errors import HeadError
 from eesd_core.protocols import ModelAdapter
+from eesd_early_exit.headcheck import (
+    REDISTIL,
+    HeadSpec,
+    check_fields,
+    check_tensors,
+    check_vocab_ids,
+    head_spec,
+    shown,
+)
 
 FORMAT = "eesd-exit-head"
 FORMAT_VERSION = 1
@@ -100,6 +113,8 @@ def save_head(
     ``dtype``; with ``storage="int8"`` its matrices in int8 with a scale per row instead."""
     if storage not in STORAGES:
         raise HeadError(f"Unknown head storage {storage!r}: one of {', '.join(STORAGES)}.")
+    if head.vocab_ids is not None and not len(head.vocab_ids):
+        raise HeadError("An exit head with an empty vocabulary subset drafts nothing: give it some tokens.")
     path = Path(path)
     metadata = {
         "format": FORMAT,
@@ -167,39 +182,59 @@ def tensors_digest(tensors: dict[str, torch.Tensor]) -> str:
 
 
 def read_metadata(path: str | Path) -> dict[str, str]:
-    """The metadata of a head file, or a :class:`HeadError` saying why it is not one."""
-    path = Path(path)
+    """The metadata of a head file, each field in the form the loader reads, or a
+    :class:`HeadError` saying why it is not one."""
+    with _opened(Path(path)) as f:
+        return _checked_metadata(f.metadata() or {}, path)
+
+
+@contextmanager
+def _opened(path: Path) -> Iterator[Any]:
+    """``path`` opened by ``safe_open`` (which reads its header alone), or a :class:`HeadError`."""
+    if path.is_dir():
+        raise HeadError(
+            f"Exit-head path {str(path)!r} is a directory; expected a .safetensors exit-head file. "
+            "Give the path of the file itself."
+        )
     if not path.is_file():
         raise HeadError(
             f"Exit-head file {str(path)!r} does not exist. Check the path, or distil one with `eesd distill`."
         )
     try:
-        with safe_open(str(path), framework="pt") as f:
-            metadata = f.metadata() or {}
+        opened = safe_open(str(path), framework="pt")
     except Exception as exc:
         raise HeadError(
             f"{str(path)!r} is not a readable safetensors file ({exc}); it may be truncated or "
-            "corrupted. Re-download or re-distil the head."
+            f"corrupted. {REDISTIL}"
         ) from None
+    with opened as f:
+        yield f
+
+
+def _checked_metadata(metadata: dict[str, str], path: str | Path) -> dict[str, str]:
     if metadata.get("format") != FORMAT:
         raise HeadError(
-            f"{str(path)!r} is not an eesd exit-head file (metadata format={metadata.get('format')!r})."
+            f"{str(path)!r} is not an eesd exit-head file (metadata format={shown(metadata.get('format'))})."
         )
-    if metadata.get("format_version") != str(FORMAT_VERSION):
+    version = metadata.get("format_version")
+    if version != str(FORMAT_VERSION):
         raise HeadError(
-            f"{str(path)!r} has head format version {metadata.get('format_version')}, this eesd reads "
+            f"{str(path)!r} has head format version {shown(version)} (its format_version), this eesd reads "
             f"{FORMAT_VERSION}. Upgrade eesd or re-distil the head."
         )
     if metadata.get("exit_input", "hidden") not in EXIT_INPUTS:
         raise HeadError(
             f"{str(path)!r} needs an exit input this eesd does not know "
-            f"({metadata.get('exit_input')!r}; known: {', '.join(EXIT_INPUTS)}). Upgrade eesd."
+            f"(its exit_input is {shown(metadata.get('exit_input'))}; known: {', '.join(EXIT_INPUTS)}). "
+            "Upgrade eesd."
         )
-    if metadata.get("storage", "float") not in STORAGES:
+    storage = metadata.get("storage", "float")
+    if storage not in STORAGES:
         raise HeadError(
-            f"{str(path)!r} stores its weights as {metadata.get('storage')!r}, which this eesd cannot "
+            f"{str(path)!r} stores its weights as {shown(storage)} (its storage), which this eesd cannot "
             f"read (known: {', '.join(STORAGES)}). Upgrade eesd."
         )
+    check_fields(metadata, path)
     return metadata
 
 
@@ -210,60 +245,74 @@ def check_target(metadata: dict[str, str], adapter: ModelAdapter, path: str | Pa
         if metadata.get(key) != expected[key]:
             raise HeadError(
                 f"Exit head {str(path)!r} was distilled for another model: its {key} is "
-                f"{metadata.get(key)!r}, the target's is {expected[key]!r}. Use the head made for "
+                f"{shown(metadata.get(key))}, the target's is {expected[key]!r}. Use the head made for "
                 "this checkpoint, or distil one with `eesd distill`."
             )
 
 
-def load_head(path: str | Path, adapter: ModelAdapter) -> Any:
-    """Build an :class:`~eesd_early_exit.head.ExitHead` from a validated head file."""
-    from eesd_early_exit.head import ExitHead
+def check_head(path: str | Path, adapter: ModelAdapter) -> HeadSpec:
+    """The spec of the head in ``path`` once its metadata and the tensors its header declares fit
+    ``adapter``; nothing is read but the header, nothing is built."""
+    with _opened(Path(path)) as f:
+        return _checked_head(f, path, adapter)[1]
 
-    metadata = read_metadata(path)
+
+def _checked_head(f: Any, path: str | Path, adapter: ModelAdapter) -> tuple[dict[str, str], HeadSpec]:
+    metadata = _checked_metadata(f.metadata() or {}, path)
     check_target(metadata, adapter, path)
+    spec = head_spec(metadata, adapter, path)
     try:
-        with safe_open(str(path), framework="pt") as f:
-            tensors = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118
+        declared = {}
+        for name in f.keys():  # noqa: SIM118
+            view = f.get_slice(name)
+            declared[name] = (tuple(view.get_shape()), view.get_dtype())
     except Exception as exc:
         raise HeadError(
-            f"Exit head {str(path)!r} could not be read ({exc}); it may be truncated or corrupted. "
-            "Re-download or re-distil the head."
+            f"Exit head {str(path)!r} could not be read ({exc}); it may be truncated or corrupted. {REDISTIL}"
         ) from None
-    if metadata.get("tensors_sha256") != tensors_digest(tensors):
+    check_tensors(declared, spec, adapter, path)
+    return metadata, spec
+
+
+def load_head(path: str | Path, adapter: ModelAdapter) -> Any:
+    """Build an :class:`~eesd_early_exit.head.ExitHead` from a head file, read once it passed the
+    checks of :func:`check_head`; the tensors come from the same open file as the header checked."""
+    from eesd_early_exit.head import ExitHead
+
+    with _opened(Path(path)) as f:
+        metadata, spec = _checked_head(f, path, adapter)
+        try:
+            tensors = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118
+        except Exception as exc:
+            raise HeadError(
+                f"Exit head {str(path)!r} could not be read ({exc}); it may be truncated or corrupted. "
+                f"{REDISTIL}"
+            ) from None
+    if metadata["tensors_sha256"] != tensors_digest(tensors):
         raise HeadError(
             f"Exit head {str(path)!r} is corrupted: its tensors do not match the checksum in its "
-            "metadata. Re-download or re-distil the head."
+            f"metadata (tensors_sha256). {REDISTIL}"
         )
+    vocab_ids = tensors.pop("vocab_ids", None)
+    if vocab_ids is not None:
+        check_vocab_ids(vocab_ids, adapter.vocab_size, path)
     try:
-        vocab_ids = tensors.pop("vocab_ids", None)
-        if metadata.get("storage", "float") == "int8":
+        if spec.storage == "int8":
             tensors = dequantize(tensors)
         head = ExitHead(
             adapter,
-            int(metadata["exit_layer"]),
-            int(metadata["num_exit_layers"]),
-            init_layer=_source_layer(metadata, adapter),
+            spec.exit_layer,
+            spec.num_layers,
+            init_layer=spec.init_layer,
             vocab_ids=vocab_ids,
-            top_input=metadata.get("exit_input", "hidden") == "hidden+top",
-            mlp_width=int(metadata.get("mlp_width", "0")) or None,
+            top_input=spec.top_input,
+            mlp_width=spec.mlp_width or None,
         )
         dtype = adapter.dtype
-        tensors.pop("subset_head.weight", None)  # frozen LM-head rows: rebuilt from the target
         missing, unexpected = head.load_state_dict({k: v.to(dtype) for k, v in tensors.items()}, strict=False)
         missing = [k for k in missing if not k.startswith("subset_head.")]
         if missing or unexpected:
             raise ValueError(f"missing tensors {missing}, unexpected tensors {unexpected}")
-    except HeadError:
-        raise
     except Exception as exc:
-        raise HeadError(
-            f"Exit head {str(path)!r} does not match its metadata: {exc}. Re-distil it."
-        ) from None
+        raise HeadError(f"Exit head {str(path)!r} does not match its metadata: {exc}. {REDISTIL}") from None
     return head.to(adapter.device).eval()
-
-
-def _source_layer(metadata: dict[str, str], adapter: ModelAdapter) -> int | None:
-    """The target layer the head's layers were copied from: they keep its kind (a sliding window,
-    a rotary embedding), so a loaded head runs as it was trained."""
-    index = int(metadata.get("init_layer", "-1"))
-    return index if 0 <= index < adapter.num_layers else None
