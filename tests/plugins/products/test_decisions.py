@@ -164,12 +164,12 @@ def test_an_unreadable_file_is_measured_again_and_replaced(fake_calibration, own
     model = make_tiny("llama", 4, dtype=torch.float32)
     ask(model, 2)
     (path,) = own_decisions.glob("*.json")
-    for broken in ('{"1": [true, ', '["not", "a", "table"]', '{"x": 1}'):
+    for broken in ('{"1": [true, ', '["not", "a", "table"]', '{"x": 1}', "null", '{"1": null}'):
         path.write_text(broken)
         new_process()
         ask(model, 2)
         assert json.loads(path.read_text()).keys() == {str(m) for m in SHORT + WIDE}
-    assert fake_calibration.asked == [SHORT, WIDE] * 4
+    assert fake_calibration.asked == [SHORT, WIDE] * 6
     assert [p.name for p in own_decisions.iterdir()] == [path.name], "no temporary file is left"
 
 
