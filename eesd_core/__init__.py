@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from eesd_core.errors import EESDError
     from eesd_core.hookspecs import hookimpl
     from eesd_core.protocols import RoundOutcome
+    from eesd_core.registry import register
     from eesd_core.stats import GenerationStats
 
 __version__ = "0.1.0"
@@ -25,9 +26,9 @@ __version__ = "0.1.0"
 _WHERE = dict(
     EESDError="errors", GenerationResult="engine", GenerationStats="stats", RoundOutcome="protocols"
 )
-_WHERE.update(SpeculativeDecoder="engine", hookimpl="hookspecs")
+_WHERE.update(SpeculativeDecoder="engine", hookimpl="hookspecs", register="registry")
 __all__ = ["EESDError", "GenerationResult", "GenerationStats", "RoundOutcome", "SpeculativeDecoder"]
-__all__ += ["hookimpl", "__version__"]
+__all__ += ["hookimpl", "register", "__version__"]
 
 
 def __getattr__(name: str) -> Any:

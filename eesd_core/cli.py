@@ -13,6 +13,7 @@ from typing import Any
 from eesd_core.errors import EESDError
 from eesd_core.tools import add_decoder_arguments, encode_prompt, load_decoder
 
+DEFAULTS = argparse.ArgumentDefaultsHelpFormatter
 DESCRIPTION = "Lossless early-exiting speculative decoding for Hugging Face causal LMs."
 
 
@@ -50,14 +51,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_generate(sub: Any) -> None:
-    parser = sub.add_parser("generate", help="generate a reply to a prompt, streaming it")
+    parser = sub.add_parser(
+        "generate", help="generate a reply to a prompt, streaming it", formatter_class=DEFAULTS
+    )
     parser.add_argument("prompt", nargs="?", help="the prompt (default: read standard input)")
     add_decoder_arguments(parser)
-    parser.add_argument("--max-new-tokens", type=int, default=256)
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--top-k", type=int, default=0)
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--max-new-tokens", type=int, default=256, help="most tokens to generate")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 decodes greedily")
+    parser.add_argument("--top-k", type=int, default=0, help="sample from the k likeliest (0: all)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="sample from this much probability")
+    parser.add_argument("--seed", type=int, default=None, help="seed of the sampling")
     parser.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     parser.add_argument("--stats", action="store_true", help="print generation statistics to stderr")
     parser.set_defaults(func=_generate)
@@ -84,7 +87,9 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _add_plugins(sub: Any) -> None:
-    parser = sub.add_parser("plugins", help="list the loaded plug-ins and what they provide")
+    parser = sub.add_parser(
+        "plugins", help="list the loaded plug-ins and what they provide", formatter_class=DEFAULTS
+    )
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument("--strict", action="store_true", help="exit 1 if a plug-in failed to load")
     parser.set_defaults(func=_plugins)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -68,6 +68,7 @@ class GenerationConfig(BaseModel):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     seed: int | tuple[int, ...] | None = None
     eos_token_id: tuple[int, ...] = ()
+    keywords: ClassVar = ("attention_mask", "pad_token_id", "rng")  # taken by generate() itself
 
     @model_validator(mode="before")
     @classmethod
@@ -106,7 +107,7 @@ def validate(model: type[BaseModel], values: Any, where: str, error: type[Except
     try:
         return model(**values)
     except ValidationError as exc:
-        fields = ", ".join(sorted(model.model_fields)) or "none"
+        fields = ", ".join(sorted([*model.model_fields, *getattr(model, "keywords", ())])) or "none"
         raise error(f"{explain(exc, where)} Valid options: {fields}.") from None
 
 

@@ -1,8 +1,5 @@
-"""What a controller sees of a generation's rounds, written once: :class:`Control` starts it, tells
-it when a round begins, asks it before each draft (bounded by the row's limit) and whether to keep
-a draft, builds each row's :class:`~eesd_core.protocols.RoundOutcome` and hands the round's outcomes
-back, every answer checked. The engine's round, eesd's vLLM proposer and the trace replay call it.
-"""
+"""What a controller sees of a generation's rounds, written once (:class:`Control`, :func:`row_outcome`):
+the engine's round, eesd's vLLM proposer and the trace replay all call it."""
 
 from __future__ import annotations
 
@@ -36,14 +33,10 @@ class RowDrafts:
         if all(q is None for q in self.qs):
             return None
         like = next(q for q in self.qs if q is not None)
-        rows = []
-        for token, q in zip(self.tokens, self.qs, strict=True):
-            rows.append(
-                like.new_zeros(vocab).index_fill_(0, torch.tensor([token], device=like.device), 1)
-                if q is None
-                else q
-            )
-        return torch.stack(rows)
+        eye = torch.eye(1, vocab, dtype=like.dtype, device=like.device)[0]  # one-hot at 0
+        return torch.stack(
+            [eye.roll(t) if q is None else q for t, q in zip(self.tokens, self.qs, strict=True)]
+        )
 
 
 def acceptance_chance(logits: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor) -> float:
@@ -56,13 +49,9 @@ class Control:
     """A controller's view of one generation's rounds; see the module."""
 
     def __init__(self, controller: Any, guard: Guarded, request: Request) -> None:
-        self.controller, self.guard, self.withdraws, self.costs = (
-            controller,
-            guard,
-            request.withdraws,
-            request.costs,
-        )
-        self.state = guard.call_controller("start", controller.start, request)
+        self.controller, self.guard, self.withdraws = controller, guard, request.withdraws
+        self.costs = request.costs
+        self.state = guard.call("controller", "start", controller.start, request)
         self.rounds, self.rows, self.limits = 0, (), ()  # type: tuple[int, Sequence[int], Sequence[int]]
 
     def begin(self, rows: Sequence[int], costs: Costs, limits: Sequence[int], live: Sequence[bool]) -> None:
@@ -71,7 +60,7 @@ class Control:
         self.rows, self.limits, self.costs = rows, limits, costs
         taking = tuple(row for row, alive in zip(rows, live, strict=True) if alive)
         start = RoundStart(taking, costs, self.rounds)
-        self.guard.call_controller("begin_round", self.controller.begin_round, self.state, start)
+        self.guard.call("controller", "begin_round", self.controller.begin_round, self.state, start)
 
     def ask(self, j: int, drafts: RowDrafts) -> bool:
         """Whether slot row j drafts one more, after ``drafts``."""
@@ -82,8 +71,8 @@ class Control:
             step = DraftStep(index, limit, self.rows[j], drafts.tokens[-1], drafts.confidences[-1])
         else:
             step = DraftStep(0, limit, self.rows[j])
-        answer = self.guard.call_controller(
-            "should_continue", self.controller.should_continue, self.state, step
+        answer = self.guard.call(
+            "controller", "should_continue", self.controller.should_continue, self.state, step
         )
         return self.guard.decision("should_continue", answer)
 
@@ -92,13 +81,13 @@ class Control:
         if not self.withdraws:
             return True
         step = DraftStep(index + 1, self.limits[j], self.rows[j], None, confidence)
-        answer = self.guard.call_controller("keep", self.controller.keep, self.state, step)
+        answer = self.guard.call("controller", "keep", self.controller.keep, self.state, step)
         return self.guard.decision("keep", answer)
 
     def end(self, outcomes: Sequence[RoundOutcome]) -> None:
         """The round is over: the controller learns from every row's outcome."""
         self.rounds += 1
-        self.guard.call_controller("update", self.controller.update, self.state, tuple(outcomes))
+        self.guard.call("controller", "update", self.controller.update, self.state, tuple(outcomes))
 
 
 def row_outcome(

@@ -6,12 +6,7 @@ import torch
 
 from eesd_core.errors import ConfigError
 
-DTYPES = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "float64": torch.float64,
-}
+DTYPES = {name: getattr(torch, name) for name in ("float32", "bfloat16", "float16", "float64")}
 HALF = (torch.bfloat16, torch.float16)
 HOST = torch.device("cpu")  # where the engine keeps token ids and other bookkeeping it reads each round
 # A batch prefill's pass on a CPU covers at most this many tokens (rows x slots): the activations of
@@ -40,8 +35,8 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
         raise ConfigError(f"Unknown device {device!r}: use 'cpu', 'cuda', 'cuda:N' or 'mps'.") from None
     if found.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(
-            f"Device {device!r} asked for, but this torch ({torch.__version__}) sees no CUDA GPU: run "
-            "on --device cpu, or install a CUDA build of torch on a machine with a GPU."
+            f"Device {device!r} asked for, but this torch ({torch.__version__}) sees no CUDA "
+            "GPU: run on --device cpu, or install a CUDA build of torch on a machine with a GPU."
         )
     if found.type == "cuda" and (found.index or 0) >= torch.cuda.device_count():
         raise ConfigError(

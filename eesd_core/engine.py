@@ -78,7 +78,7 @@ class SpeculativeDecoder:
         self.guard = Guarded(self.adapter.vocab_size, cfg.drafter, cfg.controller, cfg.verifier)
         self.drafter = self._build("drafter", cfg.drafter, cfg.drafter_options) if cfg.drafter else None
         if self.drafter is not None:
-            self.guard.call_drafter("attach", self.drafter.attach, self.adapter)
+            self.guard.call("drafter", "attach", self.drafter.attach, self.adapter)
             self.guard.check_drafter(self.drafter, self.adapter.num_layers)
         self.controller = self._build("controller", cfg.controller, cfg.controller_options)
         self.verifier = self._build("verifier", cfg.verifier, cfg.verifier_options)
@@ -121,11 +121,8 @@ class SpeculativeDecoder:
         entry = self.manager.registry(kind).get(name)
         if entry.options is None and options:
             raise ConfigError(f"{kind} {name!r} takes no options, got {sorted(options)}.")
-        args = (
-            ()
-            if entry.options is None
-            else (validate(entry.options, options, f"{kind} options for {name!r}"),)
-        )
+        options = entry.options and validate(entry.options, options, f"{kind} options for {name!r}")
+        args = () if entry.options is None else (options,)
         built = self.guard.call(kind, "__init__", entry.factory, *args)
         self.guard.check_contract(kind, built)
         return built
@@ -171,13 +168,12 @@ class SpeculativeDecoder:
             kwargs["eos_token_id"] = self._default_eos()
         config = generation_config(**kwargs)
         prompts, padded, single = self._prompts(input_ids, attention_mask)
-        limit = getattr(self.adapter.config, "max_position_embeddings", None)
-        for prompt in prompts:
-            if limit is not None and len(prompt) + config.max_new_tokens > limit:
-                raise InputError(
-                    f"Prompt ({len(prompt)} tokens) plus max_new_tokens ({config.max_new_tokens}) exceeds "
-                    f"the model's context of {limit} tokens: shorten the prompt or lower max_new_tokens."
-                )
+        limit, longest = getattr(self.adapter.config, "max_position_embeddings", None), max(map(len, prompts))
+        if limit is not None and longest + config.max_new_tokens > limit:
+            raise InputError(
+                f"Prompt ({longest} tokens) plus max_new_tokens ({config.max_new_tokens}) exceeds "
+                f"the model's context of {limit} tokens: shorten the prompt or lower max_new_tokens."
+            )
         if single:
             if isinstance(config.seed, tuple) or isinstance(rng, (list, tuple)):
                 raise InputError("seed and rng take one value for one sequence, not a list.")
@@ -232,14 +228,12 @@ class SpeculativeDecoder:
     def _pad_id(self, pad_token_id: int | None) -> int:
         sources = (getattr(self.model, "generation_config", None), self.adapter.config)
         found = [pad_token_id, *(getattr(source, "pad_token_id", None) for source in sources)]
-        found = [*(f for f in found if f is not None), *self._default_eos()]
-        first = found[0] if found else None
-        first = (first[0] if first else None) if isinstance(first, (list, tuple)) else first
-        if first is None:
+        found = [*(f for f in found if f not in (None, [], ())), *self._default_eos()]
+        if not found:
             raise InputError(
                 "Rows stopped at different lengths and the model names no pad or EOS id: pass pad_token_id."
             )
-        return int(first)
+        return int(found[0][0] if isinstance(found[0], (list, tuple)) else found[0])
 
     def _default_eos(self) -> list[int]:
         """The model's own end-of-sequence ids, as transformers' ``generate()`` uses them."""

@@ -1,8 +1,5 @@
-"""Containment of plug-in faults: every call from the engine into a plug-in goes through
-:class:`Guarded`, which turns exceptions and contract breaches (a non-bool decision, drafts outside
-the vocabulary, logits of the wrong shape, more accepted than drafted, a cache at the wrong length)
-into a :class:`~eesd_core.errors.PluginFault` naming the plug-in. The decoder stays usable.
-"""
+"""Every call from the engine into a plug-in goes through :class:`Guarded`, which turns exceptions
+and contract breaches into a :class:`~eesd_core.errors.PluginFault` naming the plug-in."""
 
 from __future__ import annotations
 
@@ -34,12 +31,6 @@ class Guarded:
             raise
         except Exception as exc:
             raise self.fault(kind, f"raised {type(exc).__name__}: {exc} in {what}()") from exc
-
-    def call_controller(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
-        return self.call("controller", what, fn, *args)
-
-    def call_drafter(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
-        return self.call("drafter", what, fn, *args)
 
     def decision(self, what: str, decision: Any) -> bool:
         """A controller's answer, which must be a bool (numpy's bools count)."""

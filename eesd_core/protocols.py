@@ -244,14 +244,10 @@ class IndependentDrafter:
         rows = [d for d in drafts if not isinstance(d, tuple)]
         if not rows:
             return Draft(tokens=tuple(tuple(d) for d in drafts))  # type: ignore[arg-type]
+        import torch
+
         zeros = rows[0].new_zeros(rows[0].shape)
-        return Draft(logits=_stack([zeros if isinstance(d, tuple) else d for d in drafts]))
-
-
-def _stack(rows: list[Any]) -> Any:
-    import torch
-
-    return torch.stack(rows)
+        return Draft(logits=torch.stack([zeros if isinstance(d, tuple) else d for d in drafts]))
 
 
 REQUIRED = {

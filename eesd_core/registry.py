@@ -13,6 +13,7 @@ import importlib.metadata as metadata
 import os
 import re
 import threading
+import types
 import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -85,9 +86,8 @@ class Registry:
         if entry.name in self._entries:
             first = self._entries[entry.name].plugin
             raise PluginError(
-                f"{self.kind} name {entry.name!r} is registered by both plug-in {first!r} and "
-                f"plug-in {entry.plugin!r}. Uninstall or disable one of them "
-                "(EESD_DISABLE_PLUGINS=name)."
+                f"{self.kind} name {entry.name!r} is registered by both plug-in {first!r} and plug-in "
+                f"{entry.plugin!r}. Uninstall or disable one of them (EESD_DISABLE_PLUGINS=name)."
             )
         self._entries[entry.name] = entry
 
@@ -217,6 +217,23 @@ class Manager:
 
     def has_observers(self, hook_name: str) -> bool:
         return bool(getattr(self.pm.hook, hook_name).get_hookimpls())
+
+
+def register(
+    kind: str, name: str, factory: Callable[..., Any], options: type[BaseModel] | None = None
+) -> None:
+    """Register a drafter, controller, verifier or model adapter from this process (a notebook, a
+    test), checked as an entry point's would be; registering ``name`` again replaces it."""
+    if kind not in KINDS:
+        raise PluginError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}.")
+    Registrar(Registry(kind), "in-process").add(name, factory, options)  # the checks, now
+    manager, plugin = get_manager(), f"in-process {kind} {name}"
+    if manager.pm.has_plugin(plugin):
+        manager.pm.unregister(name=plugin)
+    elif name in manager.registry(kind).names():
+        raise PluginError(f"A {kind} named {name!r} is registered already by a plug-in: choose another name.")
+    hook = hookspecs.hookimpl(lambda register: register.add(name, factory, options))
+    manager.register(types.SimpleNamespace(**{KINDS[kind]: hook}), plugin)
 
 
 _manager: Manager | None = None

@@ -129,8 +129,7 @@ class Generation:
         return self.config.max_new_tokens - (self.lengths[row] - self.prompt_lengths[row])
 
     def _prefill(self) -> list[list[int]]:
-        """Every row's prompt, left-padded, through every layer; p at the last slot draws each
-        row's first new token, as a plain step does."""
+        """Every row's prompt, left-padded, through every layer; p draws each row's first token."""
         parts, layout = self.parts, self.layout
         self._started = parts.clock()
         adapter, drafter, guard = parts.adapter, parts.drafter, parts.guard
@@ -146,9 +145,9 @@ class Generation:
         layout.slots = layout.filled = width
         hidden, top = self._prefill_pass(feed)
         if drafter is not None:
-            self.draft_state = guard.call_drafter("begin", drafter.begin, self.cache, layout, hidden)
+            self.draft_state = guard.call("drafter", "begin", drafter.begin, self.cache, layout, hidden)
             if drafter.reads_top_states:
-                guard.call_drafter("top_states", drafter.top_states, self.draft_state, top, 0)
+                guard.call("drafter", "top_states", drafter.top_states, self.draft_state, top, 0)
             costs, new = parts.costs(rows).snapshot(), self.config.max_new_tokens
             request = Request(width, new, parts.max_draft_tokens, self.sampling, costs, rows, parts.withdraws)
             self.control = Control(parts.controller, guard, request)
@@ -174,10 +173,9 @@ class Generation:
         return committed
 
     def _prefill_pass(self, feed: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
-        """Every layer over the left-padded prompts ``feed`` ``[B, T]``: the layer-N states ``[B, T,
-        H]`` (None if the drafter runs no target layers) and the last-layer states ``[B, capacity,
-        H]`` for a drafter that reads them, else the last slot's ``[B, 1, H]``. Where the adapter
-        skips padding, rows run in groups over their own slots (:func:`packed_groups`)."""
+        """Every layer over ``feed`` ``[B, T]``: the layer-N states ``[B, T, H]`` (None if N = 0) and
+        the last-layer states, all ``[B, capacity, H]`` for a drafter that reads them, else ``[B, 1,
+        H]``. Where the adapter skips padding, rows run in groups (:func:`packed_groups`)."""
         adapter, layout, drafter = self.parts.adapter, self.layout, self.parts.drafter
         shared = drafter.shared_layers if drafter is not None else 0
         keep_tops = drafter is not None and drafter.reads_top_states
@@ -241,7 +239,7 @@ class Generation:
         results = dict(zip(taking, parts.guard.verify(parts.verifier, tokens, qs, p_live, rngs), strict=True))
         drafter = parts.drafter
         if drafter is not None and drafter.reads_top_states:
-            parts.guard.call_drafter("top_states", drafter.top_states, self.draft_state, top, start)
+            parts.guard.call("drafter", "top_states", drafter.top_states, self.draft_state, top, start)
         t2 = clock()
         upto = [results[j][0] if j in results else -1 for j in range(len(ids))]
         self._rollback(upto)
@@ -285,7 +283,9 @@ class Generation:
                     for r, d in zip(ids, drafts, strict=True)
                 ]
                 feed, slot = self._feed(steps)[:, 0], start + steps
-                draft = guard.call_drafter("step", drafter.step, self.draft_state, feed, slot, asked, history)
+                draft = guard.call(
+                    "drafter", "step", drafter.step, self.draft_state, feed, slot, asked, history
+                )
                 guard.check_draft(draft, asked)
             for j in range(len(ids)):
                 if not drafting[j]:
@@ -306,7 +306,7 @@ class Generation:
             feeding = drafting
             steps += 1
         tokens = self._feed(steps)[:, 0] if any(feeding) else None  # None: every last draft taken back
-        hidden = guard.call_drafter("finish", drafter.finish, self.draft_state, tokens, start + steps)
+        hidden = guard.call("drafter", "finish", drafter.finish, self.draft_state, tokens, start + steps)
         k = steps if tokens is not None else steps - 1
         guard.check_hidden(hidden, k, drafter.shared_layers, len(ids))
         return drafts, hidden
@@ -372,7 +372,9 @@ class Generation:
         self.cache.crop(self.layout.slots)
         drafter = self.parts.drafter
         if drafter is not None:
-            self.parts.guard.call_drafter("rollback", drafter.rollback, self.draft_state, self.layout.slots)
+            self.parts.guard.call(
+                "drafter", "rollback", drafter.rollback, self.draft_state, self.layout.slots
+            )
 
     def _commit(self, row: int, tokens: list[int]) -> list[int]:
         """Append a row's tokens, cut at its first EOS or at max_new_tokens."""
@@ -399,8 +401,7 @@ class Generation:
         self._written.clear()
 
     def _maybe_relayout(self) -> None:
-        """Drop finished rows once a quarter of the rows are done; squeeze out gaps when the next
-        round might not fit; else leave every buffer where it is."""
+        """Drop finished rows once a quarter are done; squeeze out gaps when a round might not fit."""
         layout, ids = self.layout, self.ids
         alive = [j for j, row in enumerate(ids) if not self.finished[row]]
         leave = len(ids) - len(alive) >= max(1, len(ids) // 4)
@@ -411,7 +412,7 @@ class Generation:
         index = layout.aligned(keep.to(layout.device))
         drafter = self.parts.drafter
         if drafter is not None:  # before the layout changes: the drafter may still run on the old one
-            self.parts.guard.call_drafter("relayout", drafter.relayout, self.draft_state, keep, index)
+            self.parts.guard.call("drafter", "relayout", drafter.relayout, self.draft_state, keep, index)
         layout.relayout(keep.to(layout.device), index)
         self.cache.relayout(keep, index)
         self.ids = [ids[j] for j in keep.tolist()]

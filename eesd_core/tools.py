@@ -17,27 +17,38 @@ def add_decoder_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--drafter", default="early_exit", help="drafter plug-in, or 'none' for plain decoding"
     )
-    parser.add_argument("--drafter-options", type=json.loads, default={}, metavar="JSON")
-    parser.add_argument("--controller", default="thompson")
-    parser.add_argument("--controller-options", type=json.loads, default={}, metavar="JSON")
-    parser.add_argument("--verifier", default="lossless")
-    parser.add_argument("--max-draft-tokens", type=int, default=8)
-    parser.add_argument("--cache-dir", default=None, help="where fetched models live (default: XDG cache)")
+    parser.add_argument("--drafter-options", type=json_object, default={}, help="a JSON object")
+    parser.add_argument("--controller", default="thompson", help="controller plug-in")
+    parser.add_argument("--controller-options", type=json_object, default={}, help="a JSON object")
+    parser.add_argument("--verifier", default="lossless", help="verifier plug-in")
+    parser.add_argument("--max-draft-tokens", type=int, default=8, help="most drafts in a round")
+    parser.add_argument("--cache-dir", default=None, help="where fetched models live (None: the XDG cache)")
     products = (
         "how linear layers multiply: auto (a plug-in may time faster CPU products, once per machine) or "
     )
-    parser.add_argument("--products", default="auto", help=products + "standard (F.linear) (default: auto)")
+    parser.add_argument("--products", default="auto", help=products + "standard (F.linear)")
     add_device_arguments(parser)
+
+
+def json_object(text: str) -> dict[str, Any]:
+    """An options argument: a JSON object, or an error that says what is wrong with it."""
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not JSON ({exc}); write e.g. '{{\"k\": 4}}'") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"{text!r} is JSON but not an object; write e.g. '{{\"k\": 4}}'")
+    return value
 
 
 def add_device_arguments(parser: argparse.ArgumentParser, dtype: str = "float32") -> None:
     """``--device`` and ``--dtype``: where the model runs and the precision of its weights."""
-    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or mps (default: cpu)")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or mps")
     parser.add_argument(
         "--dtype",
         default=dtype,
         choices=["float32", "bfloat16", "float16", "float64"],
-        help=f"precision of the weights (default: {dtype}); p and q are still computed in float32",
+        help="precision of the weights; p and q are still computed in float32",
     )
 
 

@@ -157,6 +157,7 @@ def test_malformed_registrations_fail_at_once(
     name: str, factory: object, options: object, message: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("EESD_STRICT_PLUGINS", "1")
+
     def register(register):  # noqa: ANN001, ANN202
         register.add(name, factory, options=options)
 
@@ -189,3 +190,91 @@ def test_allow_and_block_lists(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_unknown_plug_in_lists_the_registered_ones() -> None:
     with pytest.raises(UnknownPluginError, match="Registered verifiers: lossless"):
         get_manager().registry("verifier").get("losless")
+
+
+class _Stops:
+    """A controller that never drafts (its options: none)."""
+
+    def start(self, request):  # noqa: ANN001, ANN201
+        return None
+
+    def begin_round(self, state, round) -> None:  # noqa: ANN001
+        pass
+
+    def should_continue(self, state, step) -> bool:  # noqa: ANN001
+        return False
+
+    def update(self, state, outcomes) -> None:  # noqa: ANN001
+        pass
+
+
+def test_a_controller_registered_in_process_is_used_and_replaced_on_a_second_registration() -> None:
+    from tinymodels import make_tiny
+
+    import eesd_core
+    from eesd_core import SpeculativeDecoder
+
+    eesd_core.register("controller", "in_notebook", _Stops)
+    decoder = SpeculativeDecoder(
+        make_tiny("llama", 0), drafter_options={"exit_layer": 2}, controller="in_notebook"
+    )
+    assert isinstance(decoder.controller, _Stops)
+    assert decoder.generate([1, 2, 3], max_new_tokens=4).stats.drafted == 0
+    eesd_core.register("controller", "in_notebook", lambda: _Stops())  # a second registration replaces it
+    assert (
+        get_manager().registry("controller").get("in_notebook").plugin == "in-process controller in_notebook"
+    )
+
+
+@pytest.mark.parametrize(
+    "kind, name, factory, error, message",
+    [
+        ("controllr", "x", _Stops, PluginError, "kind must be one of drafter, controller"),
+        ("controller", "Not A Name", _Stops, PluginError, "lowercase"),
+        ("controller", "x", 42, PluginError, "must be callable"),
+        ("controller", "x", type("NoUpdate", (), {"start": lambda s, r: None}), PluginError, "no update"),
+        ("controller", "thompson", _Stops, PluginError, "'thompson' is registered already"),
+    ],
+)
+def test_in_process_registration_is_checked_at_once(kind, name, factory, error, message) -> None:  # noqa: ANN001
+    import eesd_core
+
+    with pytest.raises(error, match=message):
+        eesd_core.register(kind, name, factory)
+    assert "x" not in get_manager().registry("controller").names()
+
+
+def test_bad_json_options_say_what_is_wrong(capsys: pytest.CaptureFixture[str]) -> None:
+    for bad, said in (("{k: 4}", "is not JSON"), ("[1]", "is JSON but not an object")):
+        with pytest.raises(SystemExit):
+            main(["generate", "hi", "--controller-options", bad])
+        err = capsys.readouterr().err
+        assert "--controller-options" in err and said in err and '{"k": 4}' in err
+
+
+def test_generate_help_shows_defaults(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    out = capsys.readouterr().out
+    assert "(default: 256)" in out and "(default: thompson)" in out and "(default: cpu)" in out
+
+
+def test_an_unknown_generate_keyword_lists_every_valid_one() -> None:
+    from tinymodels import make_tiny
+
+    from eesd_core import SpeculativeDecoder
+    from eesd_core.errors import InputError
+
+    decoder = SpeculativeDecoder(make_tiny("llama", 0), drafter=None, controller="fixed")
+    with pytest.raises(InputError, match="unknown option 'max_tokens'") as raised:
+        decoder.generate([1, 2], max_tokens=3)
+    for keyword in (
+        "attention_mask",
+        "eos_token_id",
+        "max_new_tokens",
+        "pad_token_id",
+        "rng",
+        "seed",
+        "top_p",
+    ):
+        assert keyword in str(raised.value)
