@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -130,7 +131,17 @@ def main() -> None:
             }
         )
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps({"threads": args.threads, "heads": rows}, indent=1))
+    args.out.with_suffix(".json").write_text(
+        json.dumps(
+            {
+                "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "model": args.model,
+                "threads": args.threads,
+                "heads": rows,
+            },
+            indent=1,
+        )
+    )
     args.out.write_text("\n".join(markdown(rows, args.threads)) + "\n")
     print("\n".join(markdown(rows, args.threads)))
 

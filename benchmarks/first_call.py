@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -140,6 +141,8 @@ def main() -> int:
     print("every output equal" if len(texts) == 1 else "OUTPUTS DIFFER")
     if args.json is not None:
         record = {
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "command": " ".join(sys.argv),
             "installs": installs,
             "settings": vars(args) | {"json": str(args.json), "model": model, "prompt": PROMPT},
             "machine": {

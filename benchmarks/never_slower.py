@@ -36,6 +36,7 @@ import platform
 import statistics
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -312,6 +313,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         payload = {
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "command": " ".join(sys.argv),
             "config": {
                 "model": str(args.model),
                 "prompts": [text for _, text in prompts],

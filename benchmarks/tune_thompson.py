@@ -4,7 +4,7 @@ Traces are recorded once per drafter on the early-exit drafter's held-out prompt
 (``drafters/eesd_early_exit/prompts/heldout.json``, written for this project; never used for
 training or for the reported benchmarks) and cached as JSON. The prompts are split into groups of
 ``--group`` prompts, and every candidate setting is replayed on each group with a fresh controller,
-the way ``controllers_by_category.py`` replays a Spec-Bench category: the cold start is included.
+so that the cold start is included.
 For each setting it prints, per drafter, the mean and the worst ratio of its modelled time per
 token to the best fixed k in hindsight of the same group. Usage::
 

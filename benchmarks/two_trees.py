@@ -21,6 +21,7 @@ import json
 import statistics
 import subprocess
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -157,6 +158,8 @@ def main() -> int:
         args.json.write_text(
             json.dumps(
                 {
+                    "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                    "command": " ".join(sys.argv),
                     "installs": installs,
                     "settings": vars(args) | {"json": str(args.json), "other": args.other, "this": args.this},
                     "summary": summary,

@@ -37,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 
@@ -242,6 +243,7 @@ def main() -> int:
             )
     if args.out:
         record = {
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "command": " ".join(sys.argv),
             "settings": vars(args) | {"path": path},
             "table": table,
