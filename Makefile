@@ -1,5 +1,5 @@
 # Targets a newcomer needs; each sets up .venv on first use.
-.PHONY: demo test test-fast test-vllm lint typecheck bench
+.PHONY: demo test test-fast test-vllm lint typecheck bench docs
 
 demo:
 	./scripts/bootstrap.sh
@@ -29,3 +29,8 @@ typecheck:
 bench:
 	./scripts/bootstrap.sh bench
 	.venv/bin/eesd bench --per-category 3 --max-new-tokens 128
+
+# The documentation site (docs/, mkdocs.yml) into site/, warnings as errors
+docs:
+	./scripts/bootstrap.sh docs
+	.venv/bin/mkdocs build --strict
