@@ -224,6 +224,27 @@ def first_call_row(r: Result) -> list[str]:
 FIRST_CALL_COLUMNS = ["first call, first token", "second call", 'products="standard"']
 
 
+# benchmarks/round_overhead.py
+
+
+def round_overhead_rows(r: Result) -> list[list[str]]:
+    d = r.data
+    return [
+        [
+            f"{d['shape']} shape, {d['device']}",
+            f"B={row['batch_size']}",
+            row["method"],
+            f"{row['ms_a_round']:.3f} ms",
+            f"{row['vs_plain']:.3f}x",
+            str(row["drafted"]),
+        ]
+        for row in d["rows"]
+    ]
+
+
+ROUND_OVERHEAD_COLUMNS = ["model", "rows", "method", "a round (median)", "vs plain", "drafted"]
+
+
 # benchmarks/cost_curves.py
 
 
@@ -354,9 +375,9 @@ BENCHMARKS = {
     ),
     "round-overhead": Benchmark(
         "Round overhead (`benchmarks/round_overhead.py`)",
-        "A round that drafts nothing against a plain step.",
-        fixed(["summary"]),
-        one(generic_row),
+        "A round that drafts nothing (always_no) against a plain step, medians over interleaved repeats.",
+        fixed(ROUND_OVERHEAD_COLUMNS),
+        round_overhead_rows,
     ),
     "cost-curves": Benchmark(
         "Cost curves (`benchmarks/cost_curves.py`)",

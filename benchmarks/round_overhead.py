@@ -28,10 +28,12 @@ idle while the host does the work that follows it.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
 import warnings
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +93,7 @@ def main() -> None:
     parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
     add_device_arguments(parser)
     parser.add_argument("--threads", type=int, default=1, help="CPU threads (default: 1)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the table here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
@@ -106,6 +109,7 @@ def main() -> None:
         "thompson": SpeculativeDecoder(model, drafter_options=early_exit),
     }
     print(f"{args.shape} shape, {device} {args.dtype}, {args.max_new_tokens} tokens, {args.repeats} repeats")
+    table: list[dict[str, Any]] = []
     for rows in args.batch_size:
         prompts = ragged_prompts(rows, model.config.vocab_size)
         prompt: Any = prompts[0] if rows == 1 else prompts
@@ -130,9 +134,20 @@ def main() -> None:
                 f"B={rows:<3d} {name:10s} {m * 1e3:8.3f} ms a round, {m / base:.3f}x plain, "
                 f"{1e6 * (m - base):+6.0f} us, drafted {drafted[name]}"
             )
+            row = dict(batch_size=rows, method=name, ms_a_round=m * 1e3, vs_plain=m / base)
+            table.append(row | dict(drafted=drafted[name], repeats=[t * 1e3 for t in times]))
             if cuda:
-                line += f", {syncs_per_round(decoders[name], prompt, args.max_new_tokens):.1f} waits a round"
+                table[-1]["waits_a_round"] = syncs_per_round(decoders[name], prompt, args.max_new_tokens)
+                line += f", {table[-1]['waits_a_round']:.1f} waits a round"
             print(line)
+    if args.json is not None:
+        summary = dict(shape=args.shape, device=str(device), dtype=args.dtype, threads=args.threads)
+        summary |= dict(max_new_tokens=args.max_new_tokens, repeats=args.repeats, rows=table)
+        stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        args.json.write_text(
+            json.dumps({"date": stamp, "command": " ".join(sys.argv)} | summary, indent=1) + "\n"
+        )
+        print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":
