@@ -22,6 +22,7 @@ from eesd_core.testing.oracles import (
     engine_distribution,
     independent_rows,
     round_distribution,
+    verified,
 )
 from eesd_core.testing.randomness import NoRandom, ScriptedRandom
 from eesd_core.testing.toy import ToyModel
@@ -175,8 +176,9 @@ def check_exact_match(verifier: Verifier, drafts: Sequence[int], p: torch.Tensor
     n = 0
     while n < len(drafts) and drafts[n] == targets[n]:
         n += 1
-    got = verifier.verify([torch.tensor(list(drafts), dtype=torch.long)], [None], p[None], [NoRandom()])[0]
-    if (int(got[0]), int(got[1])) != (n, targets[n]):
+    row = torch.tensor(list(drafts), dtype=torch.long)
+    got = verified(verifier.verify([row], [None], p[None], [NoRandom()]), [row], p.shape[-1])[0]
+    if got != (n, targets[n]):
         raise DistributionMismatch(
             f"Greedy verification of drafts {list(drafts)} against argmax {targets} returned {tuple(got)}, "
             f"not {(n, targets[n])}."
@@ -200,10 +202,9 @@ def check_verify_batch(
     rows = [torch.tensor(list(d), dtype=torch.long) for d in drafts]
     one_by_one, singles = [], [ScriptedRandom(*u) for u in uniforms]
     for b, (d, q, rng) in enumerate(zip(rows, qs, singles, strict=True)):
-        n, token = verifier.verify([d], [q], p[b : b + 1, : len(d) + 1], [rng])[0]
-        one_by_one.append((int(n), int(token)))
+        one_by_one += verified(verifier.verify([d], [q], p[b : b + 1, : len(d) + 1], [rng]), [d], p.shape[-1])
     together = [ScriptedRandom(*u) for u in uniforms]
-    got = [(int(n), int(t)) for n, t in verifier.verify(rows, list(qs), p, together)]
+    got = verified(verifier.verify(rows, list(qs), p, together), rows, p.shape[-1])
     if got != one_by_one or [r.calls for r in together] != [r.calls for r in singles]:
         raise DistributionMismatch(
             f"Verifying the rows together returned {got} with draws {[r.calls for r in together]}; "

@@ -40,6 +40,7 @@ from eesd_core.testing.checks import (
     check_verify_batch,
 )
 from eesd_core.testing.controllers import ErraticController, always
+from eesd_core.testing.errors import must
 from eesd_core.testing.kit import TOY, Setup
 from eesd_core.testing.toy import ToyModel
 
@@ -53,6 +54,17 @@ def examples(n: int) -> Any:
     scaled = max(1, n * settings().max_examples // 100)
     quiet = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.differing_executors]
     return settings(max_examples=scaled, suppress_health_check=quiet)
+
+
+def _follows(kind: str, protocol: type, component: Any) -> None:
+    """The factory made a ``protocol``: every member, and capabilities declared as bools."""
+    breaches = contract_breaches(kind, component)
+    must(not breaches, f"a {kind} must follow its protocol ({'; '.join(breaches)})", component)
+    members = set(getattr(protocol, "__annotations__", {}))
+    members |= {name for name, value in vars(protocol).items() if callable(value) and name[0] != "_"}
+    lacks = ", ".join(sorted(name for name in members if not hasattr(component, name)))
+    rule = f"a {kind} must have every member of {protocol.__name__} (it lacks {lacks or 'none, yet fails'})"
+    must(isinstance(component, protocol), rule, component)
 
 
 _SMALL_MODELS = es.toy_models(vocab_sizes=st.integers(2, 3), windows=st.integers(0, 1))
@@ -74,9 +86,7 @@ class ControllerContract:
     plugin_kind = "controller"
 
     def test_is_a_controller(self, make_controller: Any) -> None:
-        controller = make_controller()
-        assert isinstance(controller, Controller)
-        assert not contract_breaches("controller", controller), contract_breaches("controller", controller)
+        _follows("controller", Controller, make_controller())
 
     @examples(30)
     @given(
@@ -97,11 +107,11 @@ class ControllerContract:
             controller.begin_round(state, RoundStart((0,), costs, index))
             for step in steps:
                 decision = controller.should_continue(state, step)
-                assert decision is True or decision is False, f"should_continue returned {decision!r}"
+                must(decision is True or decision is False, "should_continue must return a bool", decision)
                 if keeps and step.index:  # keep() is asked before the draft is drawn
                     seen = replace(step, token=None, confidence=replace(step.confidence, prob=None))
                     decision = controller.keep(state, seen)
-                    assert decision is True or decision is False, f"keep returned {decision!r}"
+                    must(decision is True or decision is False, "keep must return a bool", decision)
 
     @examples(20)
     @given(model=_SMALL_MODELS, sampling=es.sampling_params(greedy=False), drafter=_DRAFTERS, data=st.data())
@@ -176,9 +186,7 @@ class DrafterContract:
     toy_layers = st.integers(3, 4)
 
     def test_is_a_drafter(self, make_drafter: Any) -> None:
-        drafter = make_drafter()
-        assert isinstance(drafter, Drafter)
-        assert not contract_breaches("drafter", drafter), contract_breaches("drafter", drafter)
+        _follows("drafter", Drafter, make_drafter())
 
     @examples(20)
     @given(data=st.data(), sampling=es.sampling_params(greedy=False), controller=es.erratic_controllers())
@@ -272,7 +280,7 @@ class VerifierContract:
     plugin_kind = "verifier"
 
     def test_is_a_verifier(self, make_verifier: Any) -> None:
-        assert isinstance(make_verifier(), Verifier)
+        _follows("verifier", Verifier, make_verifier())
 
     @examples(40)
     @given(

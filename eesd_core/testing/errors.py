@@ -23,3 +23,18 @@ class ReplayError(KitError):
 
 class ToyInvariantError(KitError):
     """The toy model saw a cache or hidden state that breaks the engine's invariants."""
+
+
+class ContractBreach(KitError, AssertionError):
+    """A plug-in broke a rule of its protocol: the message names the rule and the value it got."""
+
+
+def breach(rule: str, value: object) -> ContractBreach:
+    """A :class:`ContractBreach` saying ``rule, got value (type)``."""
+    return ContractBreach(f"{rule}, got {value!r} ({type(value).__name__})")
+
+
+def must(ok: bool, rule: str, value: object) -> None:
+    """Raise :func:`breach` of ``rule`` by ``value`` unless ``ok``."""
+    if not ok:
+        raise breach(rule, value)

@@ -27,7 +27,7 @@ import torch
 
 from eesd_core.protocols import RandomSource, SamplingParams, Verifier
 from eesd_core.sampling import residual
-from eesd_core.testing.errors import DistributionMismatch
+from eesd_core.testing.errors import DistributionMismatch, breach, must
 from eesd_core.testing.kit import Setup, installed
 from eesd_core.testing.randomness import EnumeratingRandom, distribution, enumerate_runs
 
@@ -79,6 +79,27 @@ def lossless_step(
     return {key: value for key, value in out.items() if value > 0}
 
 
+def verified(results: Any, drafts: Sequence[Any], vocab_size: int) -> list[tuple[int, int]]:
+    """A verifier's answer as one (n, token) per row, n in [0, k_b] and token in [0, V); anything
+    else is a :class:`~eesd_core.testing.errors.ContractBreach` naming the rule and the value."""
+    rows = len(drafts)
+    must(
+        isinstance(results, (list, tuple)) and len(results) == rows,
+        f"verify must return {rows} (n, token)",
+        results,
+    )
+    out = []
+    for result, row in zip(results, drafts, strict=True):
+        try:
+            n, token = int(result[0]), int(result[1])
+        except (TypeError, ValueError, IndexError):
+            raise breach("verify must return an (n, token) pair of ints per row", result) from None
+        must(0 <= n <= len(row), f"verify's n must lie in [0, {len(row)}], the row's drafts", n)
+        must(0 <= token < vocab_size, f"verify's token must lie in [0, {vocab_size}), the vocabulary", token)
+        out.append((n, token))
+    return out
+
+
 def step_distribution(
     verifier: Verifier, draft_tokens: Sequence[int], q: torch.Tensor | None, p: torch.Tensor
 ) -> dict[tuple[int, int], float]:
@@ -86,8 +107,7 @@ def step_distribution(
     drafts = torch.tensor(list(draft_tokens), dtype=torch.long)
 
     def run(rng: EnumeratingRandom) -> tuple[int, int]:
-        n, token = verifier.verify([drafts], [q], p[None], [rng])[0]
-        return int(n), int(token)
+        return verified(verifier.verify([drafts], [q], p[None], [rng]), [drafts], p.shape[-1])[0]
 
     return distribution(enumerate_runs(run))
 
@@ -115,8 +135,9 @@ def round_distribution(
             rows.append(q_row)
         p = torch.stack([next_probs(drafts[:i]) for i in range(k + 1)])  # [k+1, V]
         q = None if deterministic or not k else torch.stack(rows)  # [k, V]
-        n, token = verifier.verify([torch.tensor(drafts, dtype=torch.long)], [q], p[None], [rng])[0]
-        tokens = drafts[:n] + [int(token)]
+        row = torch.tensor(drafts, dtype=torch.long)
+        n, token = verified(verifier.verify([row], [q], p[None], [rng]), [row], p.shape[-1])[0]
+        tokens = drafts[:n] + [token]
         while len(tokens) < k + 1:
             tokens.append(rng.categorical(next_probs(tokens)))
         return tuple(tokens)

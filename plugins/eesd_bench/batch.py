@@ -35,6 +35,7 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
+from eesd_bench.helptext import DefaultsFormatter, plain_text
 from eesd_bench.kernels import add_sdpa_argument, attention_kernels
 from eesd_bench.methods import MethodSpec, expand_methods, parse_method
 from eesd_bench.prompts import DEFAULT_QUESTIONS, Question, load_questions, select
@@ -56,17 +57,24 @@ def add_batch(sub: Any) -> None:
     parser = sub.add_parser(
         "bench-batch",
         help="benchmark batched generation at several batch sizes",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=plain_text(__doc__),
+        formatter_class=DefaultsFormatter,
     )
     parser.add_argument(
         "--model", default="smollm2-135m-instruct", help="checkpoint directory or known model"
     )
-    parser.add_argument("--cache-dir", default=None, help="where fetched models live")
+    parser.add_argument("--cache-dir", default=None, help="where fetched models live (default: eesd's cache)")
     add_device_arguments(parser)
     parser.add_argument("--questions", default=str(DEFAULT_QUESTIONS), help="Spec-Bench question.jsonl")
-    parser.add_argument("--per-category", type=int, default=None, metavar="N", help="N questions a category")
-    parser.add_argument("--subset-seed", type=int, default=None, help="draw the N at random with this seed")
+    parser.add_argument(
+        "--per-category", type=int, default=None, metavar="N", help="N questions a category (default: all)"
+    )
+    parser.add_argument(
+        "--subset-seed",
+        type=int,
+        default=None,
+        help="draw the N at random with this seed (default: the first N)",
+    )
     parser.add_argument(
         "--batch-sizes",
         type=int,
@@ -85,7 +93,12 @@ def add_batch(sub: Any) -> None:
     )
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3, help="timed calls per method and batch size")
-    parser.add_argument("--exit-layer", type=int, default=None, help="N for every early-exit method")
+    parser.add_argument(
+        "--exit-layer",
+        type=int,
+        default=None,
+        help="N for every early-exit method (default: the drafter's choice)",
+    )
     parser.add_argument("--head", default="auto", help="exit-head file, 'none' or 'auto' (as eesd bench)")
     parser.add_argument("--max-draft-tokens", type=int, default=8)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from eesd_bench.batch import add_batch
+from eesd_bench.helptext import DefaultsFormatter, plain_text
 from eesd_bench.kernels import add_sdpa_argument, attention_kernels
 from eesd_bench.methods import GROUPS, PRESETS, expand_methods
 from eesd_bench.prompts import DEFAULT_QUESTIONS, load_questions, select
@@ -30,7 +31,8 @@ def add_bench(sub: Any) -> None:
     parser = sub.add_parser(
         "bench",
         help="benchmark methods on Spec-Bench prompts (interleaved, batch size 1)",
-        description=__doc__,
+        description=plain_text(__doc__),
+        formatter_class=DefaultsFormatter,
     )
     parser.add_argument(
         "--model", default="smollm2-135m-instruct", help="checkpoint directory or known model"
@@ -40,9 +42,9 @@ def add_bench(sub: Any) -> None:
         default=None,
         metavar="MODEL",
         help="hf_assisted's draft model: checkpoint directory or known model sharing the target's "
-        "tokenizer (loaded once, in --dtype)",
+        "tokenizer (loaded once, in --dtype; default: none, needed by hf_assisted only)",
     )
-    parser.add_argument("--cache-dir", default=None, help="where fetched models live")
+    parser.add_argument("--cache-dir", default=None, help="where fetched models live (default: eesd's cache)")
     add_device_arguments(parser)
     parser.add_argument("--questions", default=str(DEFAULT_QUESTIONS), help="Spec-Bench question.jsonl")
     parser.add_argument(
@@ -56,7 +58,7 @@ def add_bench(sub: Any) -> None:
         "--subset-seed",
         type=int,
         default=None,
-        help="draw the N at random with this seed instead of taking the first N",
+        help="draw the N at random with this seed (default: take the first N)",
     )
     parser.add_argument(
         "--methods",
@@ -70,7 +72,12 @@ def add_bench(sub: Any) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy; > 0: sampled")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed of the first prompt (+1 each)")
-    parser.add_argument("--exit-layer", type=int, default=None, help="N for every early-exit method")
+    parser.add_argument(
+        "--exit-layer",
+        type=int,
+        default=None,
+        help="N for every early-exit method (default: the drafter's choice)",
+    )
     parser.add_argument(
         "--head",
         default="auto",
@@ -90,7 +97,9 @@ def add_bench(sub: Any) -> None:
     parser.add_argument("--modelled", action="store_true", help="add the modelled speedup by alpha and k")
     parser.add_argument("--out", default=None, help="output directory (default benchmarks/out/<time>)")
     parser.add_argument("--record", action="store_true", help="also copy the results to benchmarks/results/")
-    parser.add_argument("--name", default=None, help="model label in recorded file names")
+    parser.add_argument(
+        "--name", default=None, help="model label in recorded file names (default: the model's)"
+    )
     parser.add_argument("--no-progress", action="store_true")
     add_sdpa_argument(parser)
     parser.set_defaults(func=run_bench)

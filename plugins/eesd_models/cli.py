@@ -11,23 +11,42 @@ from pathlib import Path
 from eesd_models import DEFAULT_MODEL, DTYPES
 
 
+class _Defaults(argparse.HelpFormatter):
+    """Adds each option's default to its help, unless the help already speaks of it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or action.default is None or action.default is argparse.SUPPRESS:
+            return text
+        return f"{text} (default: %(default)s)".lstrip()
+
+
+CACHE_HELP = "where fetched models live (default: eesd's cache)"
+
+
 def add_models(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("models", help="fetch, list and verify models")
     models = parser.add_subparsers(metavar="ACTION")
-    fetch = models.add_parser("fetch", help="download, verify and convert a known model once")
-    fetch.add_argument("name", nargs="?", default=DEFAULT_MODEL)
-    fetch.add_argument("--cache-dir", default=None)
+    fetch = models.add_parser(
+        "fetch", help="download, verify and convert a known model once", formatter_class=_Defaults
+    )
+    fetch.add_argument("name", nargs="?", default=DEFAULT_MODEL, help="a known model (`eesd models list`)")
+    fetch.add_argument("--cache-dir", default=None, help=CACHE_HELP)
     fetch.add_argument("--dtype", choices=DTYPES, default="float32", help="of the saved checkpoint")
     fetch.add_argument(
         "--force", action="store_true", help="download and convert again, even if cached; repairs damage"
     )
     fetch.set_defaults(func=run_fetch)
-    listing = models.add_parser("list", help="known models: licence, origin, size, where cached")
-    listing.add_argument("--cache-dir", default=None)
+    listing = models.add_parser(
+        "list", help="known models: licence, origin, size, where cached", formatter_class=_Defaults
+    )
+    listing.add_argument("--cache-dir", default=None, help=CACHE_HELP)
     listing.set_defaults(func=run_list)
-    verify = models.add_parser("verify", help="hash every file of the cached checkpoints again")
+    verify = models.add_parser(
+        "verify", help="hash every file of the cached checkpoints again", formatter_class=_Defaults
+    )
     verify.add_argument("name", nargs="?", default=None, help="one known model (default: every cached one)")
-    verify.add_argument("--cache-dir", default=None)
+    verify.add_argument("--cache-dir", default=None, help=CACHE_HELP)
     verify.set_defaults(func=run_verify)
 
 
