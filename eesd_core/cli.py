@@ -103,6 +103,9 @@ def plugin_report() -> list[dict[str, Any]]:
     for kind in KINDS:
         for entry in manager.registry(kind).entries():
             provides.setdefault(entry.plugin, {}).setdefault(kind, []).append(entry.name)
+    for impl in manager.pm.hook.eesd_cli_commands.get_hookimpls():  # the commands each plug-in adds
+        impl.function(subparsers=(commands := argparse.ArgumentParser().add_subparsers()))
+        provides.setdefault(impl.plugin_name, {})["command"] = sorted(commands.choices)
     infos = sorted(manager.info.values(), key=lambda i: i.name)
     keys = ("name", "distribution", "version", "hooks")
     report = [
@@ -117,6 +120,7 @@ def _plugins(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2))
     for item in [] if args.json else report:
         said = [f"{kind}: {', '.join(names)}" for kind, names in item.get("provides", {}).items()]
+        said = said or [f"hooks: {', '.join(item.get('hooks', ()))}"]
         where = f"BROKEN: {item['broken']}" if "broken" in item else f"{item['distribution'] or '?'}"
         print(f"{item['name']:<16} {where} {item.get('version') or ''}  {'; '.join(said)}")
     return 1 if args.strict and any("broken" in item for item in report) else 0

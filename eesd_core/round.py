@@ -183,11 +183,9 @@ class Generation:
         like = {"dtype": adapter.dtype, "device": adapter.device}
 
         def run(pick: Any, first: int, cache: Any) -> tuple[torch.Tensor, torch.Tensor]:
-            if layout.dense:
-                where: Any = first
-                seen = None
-            else:
-                where, seen = layout.positions[pick, first:width], layout.valid[pick, first:width]  # type: ignore[index]
+            where, seen = (first, None) if layout.dense else (layout.positions, layout.valid)
+            if seen is not None:
+                where, seen = where[pick, first:width], seen[pick, first:width]  # type: ignore[index]
             hidden = adapter.embed(feed[pick.to(HOST), first:].to(adapter.device))
             rotary = adapter.rotary(hidden, where)
             hidden = adapter.run(hidden, 0, shared, cache, where, seen, rotary)
@@ -197,11 +195,8 @@ class Generation:
         tops = torch.zeros(rows, layout.capacity if keep_tops else 1, adapter.hidden_size, **like)
         groups = None
         if getattr(adapter, "skips_padding", True):
-            valid = (
-                layout.valid
-                if layout.valid is not None
-                else torch.ones(rows, width, dtype=torch.bool, device=layout.device)
-            )
+            ones = torch.ones(rows, width, dtype=torch.bool, device=layout.device)
+            valid = ones if layout.valid is None else layout.valid
             groups = packed_groups(valid[:, :width], max_tokens=pass_tokens(adapter.device))
         if groups is None:
             hidden, top = run(torch.arange(rows, device=adapter.device), 0, self.cache)

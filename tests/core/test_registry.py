@@ -54,7 +54,7 @@ def test_built_ins_come_from_the_installed_entry_points() -> None:
 def test_plugins_json_lists_the_default_plug_ins(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plugins", "--json"]) == 0
     report = {item["name"]: item for item in json.loads(capsys.readouterr().out)}
-    assert report["early_exit"]["provides"] == {"drafter": ["early_exit"]}
+    assert report["early_exit"]["provides"] == {"drafter": ["early_exit"], "command": ["distill"]}
     assert report["lossless"]["provides"] == {"verifier": ["lossless"]}
     assert "fixed" in report["baselines"]["provides"]["controller"]
     assert report["lossless"]["distribution"] == "eesd"
@@ -278,3 +278,12 @@ def test_an_unknown_generate_keyword_lists_every_valid_one() -> None:
         "top_p",
     ):
         assert keyword in str(raised.value)
+
+
+def test_eesd_plugins_says_which_commands_each_tool_adds(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plugins", "--json"]) == 0
+    report = {item["name"]: item for item in json.loads(capsys.readouterr().out)}
+    assert {"bench", "demo"} <= set(report["bench"]["provides"]["command"])
+    assert report["models"]["provides"]["command"] == ["models"]
+    assert main(["plugins"]) == 0
+    assert "hooks: eesd_linear_products" in capsys.readouterr().out
