@@ -169,7 +169,7 @@ class Manager:
         message = f"{problem}: {type(exc).__name__}: {exc} Reinstall or upgrade it, or skip it with "
         message += f"EESD_DISABLE_PLUGINS={name}."
         if os.environ.get("EESD_STRICT_PLUGINS", "") not in ("", "0"):
-            raise PluginLoadError(f"{message} (EESD_STRICT_PLUGINS is set)") from exc
+            raise exc if isinstance(exc, PluginError) else PluginLoadError(f"{message} (strict)") from exc
         self.pm.unregister(name=name) if self.pm.has_plugin(name) else None
         self.info.pop(name, None)
         self.broken[name] = message
