@@ -1,11 +1,20 @@
 # Targets a newcomer needs; each sets up .venv on first use.
-.PHONY: demo test test-fast test-vllm lint typecheck bench docs
+.PHONY: demo test test-slow test-all test-fast test-vllm lint typecheck bench docs
 
 demo:
 	./scripts/bootstrap.sh
 	.venv/bin/eesd demo
 
+# Every test but those marked slow (a second tier, run by CI: make test-slow; both: make test-all)
 test:
+	./scripts/bootstrap.sh test
+	.venv/bin/python -m pytest -q -m "not slow"
+
+test-slow:
+	./scripts/bootstrap.sh test
+	.venv/bin/python -m pytest -q -m slow
+
+test-all:
 	./scripts/bootstrap.sh test
 	.venv/bin/python -m pytest -q
 

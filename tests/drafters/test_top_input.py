@@ -268,6 +268,7 @@ def test_greedy_equals_transformers_when_drafts_are_taken_back(model64, head64, 
     _assert_greedy_equal(model64, dec, [[3, 1, 4, 1, 5], [9, 2], list(range(10, 40))], 40)
 
 
+@pytest.mark.slow
 def test_exact_distribution_with_a_top_input_head(tmp_path: Path) -> None:
     model = tiny_llama(vocab_size=8)
     adapter = find_adapter(model)

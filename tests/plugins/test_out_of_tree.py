@@ -77,6 +77,7 @@ def test_found_through_its_own_entry_point(site, folder, tmp_path):
     assert f"found {name} {dist} 0.1.0" in done.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("folder", PACKAGES)
 def test_passes_its_own_tests(site, folder, tmp_path):
     done = child(

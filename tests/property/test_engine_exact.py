@@ -68,6 +68,7 @@ def test_greedy_generations_are_the_targets(model, drafter, controller, data):
     check_greedy(setup, data.draw(es.prompts(model.vocab_size, 4)), data.draw(st.integers(1, 10)))
 
 
+@pytest.mark.slow
 def test_a_longer_horizon_with_many_drafts():
     """Five tokens over three symbols (the prefill's, then rounds of up to three drafts): thousands
     of generations."""
@@ -104,7 +105,7 @@ def test_a_controller_with_its_own_unseeded_randomness_is_reported():
             engine_distribution(Setup(model, controller=Moody, max_draft_tokens=3), [0], 5)
 
 
-@pytest.mark.parametrize("name", [TOY, "early_exit"])
+@pytest.mark.parametrize("name", [pytest.param(TOY, marks=pytest.mark.slow), "early_exit"])
 def test_batches_that_take_drafts_back_follow_the_target(name):
     """A batch whose controller takes drafts back on their q, on fixed toy targets: each draft
     step's q is seen before the draft is drawn, so the rows still follow the target exactly."""

@@ -61,7 +61,7 @@ def assert_follows_the_target(samples, model, sampling):
     assert_same_distribution([s[:2] for s in samples], pairs, FALSE_FAIL_RATE / 2, what="first pair")
 
 
-@pytest.mark.parametrize("products", ["standard", "transposed"])
+@pytest.mark.parametrize("products", ["standard", pytest.param("transposed", marks=pytest.mark.slow)])
 def test_exact_on_a_tiny_llama(products):
     model = tiny_llama(vocab_size=8)
     setup = Setup(
