@@ -121,8 +121,8 @@ class SpeculativeDecoder:
         entry = self.manager.registry(kind).get(name)
         if entry.options is None and options:
             raise ConfigError(f"{kind} {name!r} takes no options, got {sorted(options)}.")
-        options = entry.options and validate(entry.options, options, f"{kind} options for {name!r}")
-        args = () if entry.options is None else (options,)
+        checked = entry.options and validate(entry.options, options, f"{kind} options for {name!r}")
+        args = () if entry.options is None else (checked,)
         built = self.guard.call(kind, "__init__", entry.factory, *args)
         self.guard.check_contract(kind, built)
         return built
@@ -233,7 +233,7 @@ class SpeculativeDecoder:
             raise InputError(
                 "Rows stopped at different lengths and the model names no pad or EOS id: pass pad_token_id."
             )
-        return int(found[0][0] if isinstance(found[0], (list, tuple)) else found[0])
+        return int(found[0][0] if isinstance(found[0], (list, tuple)) else found[0])  # type: ignore[arg-type]
 
     def _default_eos(self) -> list[int]:
         """The model's own end-of-sequence ids, as transformers' ``generate()`` uses them."""

@@ -129,7 +129,7 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any, Path]:
         torch.set_num_threads(args.threads)
     path = resolve_model(args.model, cache_dir=args.cache_dir)
     dtype, device = resolve_dtype(args.dtype), resolve_device(args.device)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()  # type: ignore[arg-type]
     return model, AutoTokenizer.from_pretrained(path), path
 
 

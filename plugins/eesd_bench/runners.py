@@ -275,7 +275,7 @@ def build_runner(
                 f"Method {spec.name!r} drafts with a separate model: name it with --assistant-model "
                 "(a checkpoint directory or a known model of the target's family)."
             )
-        draft = assistant if assistant is not None else load_assistant(settings.assistant, model)
+        draft = assistant if assistant is not None else load_assistant(str(settings.assistant), model)
         return HFRunner(model, assistant=draft, assistant_options=options)
     if spec.kind == "eesd":
         return EesdRunner(model, eesd_kwargs(spec, settings))

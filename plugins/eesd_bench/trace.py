@@ -197,7 +197,7 @@ def record_prompt(decoder: Any, prompt: Sequence[int], max_new_tokens: int) -> P
     # the first token is the prefill's, drawn with no drafts: its position has none
     positions = [Position(0, 0)]
     for n, outcome in zip(verifier.accepted[1:], recorder.outcomes, strict=True):
-        seen = outcome.confidences  # every draft was drawn, so each has its q(d)
+        seen = [c for c in outcome.confidences if c is not None]  # every draft was drawn: all are here
         top1, prob, entropy = (
             tuple(c.top1 for c in seen),
             tuple(c.prob or 0.0 for c in seen),
