@@ -48,7 +48,7 @@ def add_demo(sub: Any) -> None:
         "--prompt", default=DEFAULT_PROMPT, help="the prompt streamed, and the first one timed"
     )
     parser.add_argument(
-        "--max-new-tokens", type=int, default=64, help="new tokens of the reply and of every timed call"
+        "--max-new-tokens", type=int, default=40, help="new tokens of the reply and of every timed call"
     )
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds of every method on every prompt")
     parser.add_argument(
