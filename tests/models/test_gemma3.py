@@ -83,6 +83,7 @@ def test_greedy_matches_transformers(seed: int, overrides: dict) -> None:
             assert out.stats.drafted > 0
 
 
+@pytest.mark.slow
 def test_sampled_generations_follow_the_target_exactly() -> None:
     """Every random choice enumerated: the engine's distribution of three tokens equals plain
     sampling from the model, with a window of 2 that the prompt already fills."""

@@ -80,7 +80,10 @@ def test_exact_on_a_tiny_llama(products):
 @pytest.mark.statistical
 @pytest.mark.parametrize(
     ("sampling", "controller"),
-    [(SamplingParams(1.0), "fixed"), (SamplingParams(0.8, top_k=6, top_p=0.9), "thompson")],
+    [
+        pytest.param(SamplingParams(1.0), "fixed", marks=pytest.mark.slow),
+        (SamplingParams(0.8, top_k=6, top_p=0.9), "thompson"),
+    ],
     ids=["plain", "top-k-top-p"],
 )
 def test_first_tokens_follow_the_target(sampling, controller):
