@@ -1,9 +1,7 @@
 """A key/value cache that rolls back by moving a length, never by copying, and its layout.
 
-:class:`KVCache` preallocates one buffer per layer and keeps one length per layer; it speaks the
-part of transformers' ``Cache`` interface that decoder layers use. Its slots are the columns of a
-batch; :class:`BatchLayout` says which slot holds which position of which row, and
-:func:`packed_groups` lets a ragged prefill skip its left padding.
+:class:`KVCache` speaks the part of transformers' ``Cache`` interface that decoder layers use;
+:class:`BatchLayout` says which of its slots holds which position of which row.
 """
 
 from __future__ import annotations
@@ -81,8 +79,7 @@ class BatchLayout:
         self.positions = torch.zeros_like(self.valid, dtype=torch.long)
         self.valid[:, : index.shape[1]] = valid[rows].gather(1, take) & (index >= 0)
         self.positions[:, : index.shape[1]] = positions[rows].gather(1, take)
-        self.rows, self.slots = len(rows), index.shape[1]
-        self.filled = self.slots
+        self.rows, self.slots, self.filled = len(rows), index.shape[1], index.shape[1]
 
 
 class KVCache:
@@ -103,28 +100,21 @@ class KVCache:
         """Append ``key``/``value`` (``[b, h, m, d]``) to a layer; return all its keys and values."""
         start = self.lengths[layer_idx]
         end = start + key.shape[-2]
-        keys, values = self._room(layer_idx, key, value, end)
+        self.keys[layer_idx] = keys = self._room(self.keys[layer_idx], key, end)
+        self.values[layer_idx] = values = self._room(self.values[layer_idx], value, end)
         keys[:, :, start:end] = key
         values[:, :, start:end] = value
         self.lengths[layer_idx] = end
         return keys[:, :, :end], values[:, :, :end]
 
-    def _room(
-        self, layer: int, key: torch.Tensor, value: torch.Tensor, needed: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        keys, values = self.keys[layer], self.values[layer]
-        if keys is None or values is None or keys.shape[-2] < needed:
-            old = keys.shape[-2] if keys is not None else 0
-            size = max(needed, self.capacity, old + old // 2)
-            keys = self._grow(keys, key, size)
-            values = self._grow(values, value, size)
-            self.keys[layer], self.values[layer] = keys, values
-        return keys, values
-
-    def _grow(self, old: torch.Tensor | None, like: torch.Tensor, size: int) -> torch.Tensor:
-        new = like.new_empty((*like.shape[:2], size, like.shape[3]))
+    def _room(self, old: torch.Tensor | None, like: torch.Tensor, needed: int) -> torch.Tensor:
+        """``old`` if it holds ``needed`` slots, else a copy with room (half as much again at least)."""
+        if old is not None and old.shape[-2] >= needed:
+            return old
+        held = 0 if old is None else old.shape[-2]
+        new = like.new_empty((*like.shape[:2], max(needed, self.capacity, held + held // 2), like.shape[3]))
         if old is not None:
-            new[:, :, : old.shape[-2]] = old
+            new[:, :, :held] = old
         return new
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -214,5 +204,4 @@ def packed_groups(
         held = width - first[row]
     if len(groups) == 1 and groups[0][1] == 0:
         return None
-    device = valid.device
-    return [(torch.tensor(rows, dtype=torch.long, device=device), first) for rows, first in groups]
+    return [(torch.tensor(rows, dtype=torch.long, device=valid.device), first) for rows, first in groups]

@@ -8,6 +8,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import asdict
 from typing import Any
 
 from eesd_core.errors import EESDError
@@ -106,11 +107,8 @@ def plugin_report() -> list[dict[str, Any]]:
     for impl in manager.pm.hook.eesd_cli_commands.get_hookimpls():  # the commands each plug-in adds
         impl.function(subparsers=(commands := argparse.ArgumentParser().add_subparsers()))
         provides.setdefault(impl.plugin_name, {})["command"] = sorted(commands.choices)
-    infos = sorted(manager.info.values(), key=lambda i: i.name)
-    keys = ("name", "distribution", "version", "hooks")
-    report = [
-        {k: getattr(info, k) for k in keys} | {"provides": provides.get(info.name, {})} for info in infos
-    ]
+    infos = sorted(manager.info.items())
+    report = [asdict(info) | {"provides": provides.get(name, {})} for name, info in infos]
     return report + [{"name": name, "broken": why} for name, why in sorted(manager.broken.items())]
 
 

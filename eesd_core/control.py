@@ -67,22 +67,16 @@ class Control:
         index, limit = len(drafts.tokens), self.limits[j]
         if index >= limit:
             return False
-        if index:
-            step = DraftStep(index, limit, self.rows[j], drafts.tokens[-1], drafts.confidences[-1])
-        else:
-            step = DraftStep(0, limit, self.rows[j])
-        answer = self.guard.call(
-            "controller", "should_continue", self.controller.should_continue, self.state, step
-        )
-        return self.guard.decision("should_continue", answer)
+        latest = (drafts.tokens[-1], drafts.confidences[-1]) if index else (None, None)
+        step = DraftStep(index, limit, self.rows[j], *latest)
+        return self.guard.decide("should_continue", self.controller.should_continue, self.state, step)
 
     def keep(self, j: int, index: int, confidence: Confidence | None) -> bool:
         """Whether slot row j verifies the draft after its ``index`` ones, from its q alone."""
         if not self.withdraws:
             return True
         step = DraftStep(index + 1, self.limits[j], self.rows[j], None, confidence)
-        answer = self.guard.call("controller", "keep", self.controller.keep, self.state, step)
-        return self.guard.decision("keep", answer)
+        return self.guard.decide("keep", self.controller.keep, self.state, step)
 
     def end(self, outcomes: Sequence[RoundOutcome]) -> None:
         """The round is over: the controller learns from every row's outcome."""

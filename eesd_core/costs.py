@@ -44,18 +44,15 @@ class CostTracker:
         """A round of k verified drafts; ``withdrawn``: its last draft step was taken back, so its
         drafting time is k drafts' plus the peek (and no finish), which is what it teaches."""
         with self._lock:
-            self._observe(k, propose_time, verify_time, withdrawn)
-
-    def _observe(self, k: int, propose_time: float, verify_time: float, withdrawn: bool) -> None:
-        if withdrawn:
-            kept, verify = self.snapshot().round_time(k), self.snapshot().verify(k + 1)
-            if kept is not None and verify is not None:
-                self.peek = self._smooth(self.peek, max(propose_time - (kept - verify), 0.0), ("peek", 0))
-        else:
-            self.propose[k] = self._smooth(self.propose[k], propose_time, ("propose", k))
-        self.verify[k + 1] = self._smooth(self.verify[k + 1], verify_time, ("verify", k + 1))
-        self.rounds += 1
-        self._snapshot = None
+            if withdrawn:
+                kept, verify = self.snapshot().round_time(k), self.snapshot().verify(k + 1)
+                if kept is not None and verify is not None:
+                    self.peek = self._smooth(self.peek, max(propose_time - (kept - verify), 0.0), ("peek", 0))
+            else:
+                self.propose[k] = self._smooth(self.propose[k], propose_time, ("propose", k))
+            self.verify[k + 1] = self._smooth(self.verify[k + 1], verify_time, ("verify", k + 1))
+            self.rounds += 1
+            self._snapshot = None
 
     def _smooth(self, old: float | None, new: float, what: tuple[str, int]) -> float:
         last, self._measured[what] = self._measured.get(what, -STALE), self.rounds
@@ -65,8 +62,7 @@ class CostTracker:
 
     def snapshot(self) -> Costs:
         """The current :class:`Costs`, rebuilt only after new observations."""
-        snapshot = self._snapshot
-        if snapshot is None:
+        if (snapshot := self._snapshot) is None:
             snapshot = self._snapshot = self._build()
         return snapshot
 
@@ -75,8 +71,7 @@ class CostTracker:
         line = _line(proposals)
         draft_step = line[1] if line and len(proposals) >= 2 else None
         base = self.propose[0] if self.propose[0] is not None else (line[0] if line else None)
-        verifies = [(m, t) for m, t in enumerate(self.verify) if t is not None]
-        vline = _line(verifies)
+        vline = _line([(m, t) for m, t in enumerate(self.verify) if t is not None])
         measured = list(self.verify)
 
         def verify(m: int) -> float | None:
@@ -98,8 +93,7 @@ class CostBook:
 
     def __call__(self, batch_size: int) -> CostTracker:
         bucket = 1 << max(batch_size - 1, 0).bit_length()
-        tracker = self.trackers.get(bucket)
-        if tracker is None:
+        if (tracker := self.trackers.get(bucket)) is None:
             with self._lock:
                 tracker = self.trackers.setdefault(bucket, CostTracker(self.max_k, batch_size=bucket))
         return tracker

@@ -9,8 +9,7 @@ from eesd_core.errors import ConfigError
 DTYPES = {name: getattr(torch, name) for name in ("float32", "bfloat16", "float16", "float64")}
 HALF = (torch.bfloat16, torch.float16)
 HOST = torch.device("cpu")  # where the engine keeps token ids and other bookkeeping it reads each round
-# A batch prefill's pass on a CPU covers at most this many tokens (rows x slots): the activations of
-# larger passes outgrow what the C allocator recycles, and are faulted in afresh at every layer.
+# Rows x slots; larger passes' activations outgrow what the C allocator recycles: faulted in per layer.
 CPU_PASS_TOKENS = 512
 
 

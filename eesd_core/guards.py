@@ -32,8 +32,9 @@ class Guarded:
         except Exception as exc:
             raise self.fault(kind, f"raised {type(exc).__name__}: {exc} in {what}()") from exc
 
-    def decision(self, what: str, decision: Any) -> bool:
-        """A controller's answer, which must be a bool (numpy's bools count)."""
+    def decide(self, what: str, fn: Callable[..., Any], *args: Any) -> bool:
+        """The controller's answer ``fn(*args)``, which must be a bool (numpy's bools count)."""
+        decision = self.call("controller", what, fn, *args)
         if decision is True or decision is False:
             return decision
         if type(decision).__module__ == "numpy" and type(decision).__name__ in ("bool", "bool_"):
@@ -42,8 +43,7 @@ class Guarded:
 
     def check_contract(self, kind: str, component: Any) -> None:
         """A built component has its protocol's methods and declares its capabilities as bools."""
-        breaches = contract_breaches(kind, component)
-        if breaches:
+        if breaches := contract_breaches(kind, component):
             raise self.fault(kind, "breaks its protocol: " + "; ".join(breaches))
 
     def check_drafter(self, drafter: Any, num_layers: int) -> None:
@@ -55,26 +55,21 @@ class Guarded:
             raise self.fault("drafter", "does not declare reads_top_states (a bool)")
 
     def check_draft(self, draft: Any, drafting: Sequence[bool]) -> None:
-        rows = len(drafting)
+        rows, vocab = len(drafting), self.vocab_size
         if not isinstance(draft, Draft):
             raise self.fault("drafter", f"returned {type(draft).__name__} from step(), not a Draft")
-        if draft.logits is not None:
-            logits = draft.logits
-            if not isinstance(logits, torch.Tensor) or tuple(logits.shape) != (rows, self.vocab_size):
+        if (logits := draft.logits) is not None:
+            if not isinstance(logits, torch.Tensor) or tuple(logits.shape) != (rows, vocab):
                 shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
-                raise self.fault(
-                    "drafter", f"returned draft logits of shape {shape}, not ({rows}, {self.vocab_size})"
-                )
+                raise self.fault("drafter", f"returned draft logits of shape {shape}, not ({rows}, {vocab})")
             return
         tokens = draft.tokens
         if any(tokens) and len(tokens) != rows:
             raise self.fault("drafter", f"proposed fixed tokens for {len(tokens)} rows, not {rows}")
         if any(
-            isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size
-            for row in tokens
-            for t in row
+            isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab for row in tokens for t in row
         ):
-            raise self.fault("drafter", f"proposed tokens outside [0, {self.vocab_size})")
+            raise self.fault("drafter", f"proposed tokens outside [0, {vocab})")
 
     def check_hidden(self, hidden: torch.Tensor | None, k: int, shared_layers: int, rows: int) -> None:
         """``finish`` returns the states of the round's k + 1 inputs after N layers (None if N = 0)."""

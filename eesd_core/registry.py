@@ -82,22 +82,12 @@ class Registry:
                 + (f"; left out for errors: {', '.join(self.broken)})." if self.broken else ").")
             ) from None
 
-    def _add(self, entry: Entry) -> None:
-        if entry.name in self._entries:
-            first = self._entries[entry.name].plugin
-            raise PluginError(
-                f"{self.kind} name {entry.name!r} is registered by both plug-in {first!r} and plug-in "
-                f"{entry.plugin!r}. Uninstall or disable one of them (EESD_DISABLE_PLUGINS=name)."
-            )
-        self._entries[entry.name] = entry
-
 
 class Registrar:
     """What a registration hook receives: ``register.add(name, factory, options=...)``."""
 
     def __init__(self, registry: Registry, plugin: str) -> None:
-        self._registry = registry
-        self.plugin = plugin
+        self._registry, self.plugin = registry, plugin
 
     def add(self, name: str, factory: Callable[..., Any], options: type[BaseModel] | None = None) -> None:
         where = f"plug-in {self.plugin!r} registering {self._registry.kind} {name!r}"
@@ -107,10 +97,14 @@ class Registrar:
             raise PluginError(f"{where}: the factory must be callable, got {factory!r}.")
         if options is not None and not (isinstance(options, type) and issubclass(options, BaseModel)):
             raise PluginError(f"{where}: options must be a pydantic model class, got {options!r}.")
-        breaches = contract_breaches(self._registry.kind, factory) if isinstance(factory, type) else []
-        if breaches:
+        if isinstance(factory, type) and (breaches := contract_breaches(self._registry.kind, factory)):
             raise PluginFault(f"{where}: {factory.__name__} breaks the protocol: {'; '.join(breaches)}.")
-        self._registry._add(Entry(self._registry.kind, name, factory, options, self.plugin))
+        if first := self._registry._entries.get(name):
+            raise PluginError(
+                f"{self._registry.kind} name {name!r} is registered by both plug-in {first.plugin!r} and "
+                f"plug-in {self.plugin!r}. Uninstall or disable one of them (EESD_DISABLE_PLUGINS=name)."
+            )
+        self._registry._entries[name] = Entry(self._registry.kind, name, factory, options, self.plugin)
 
 
 FILTERS = ("EESD_LOAD_PLUGINS", "EESD_DISABLE_PLUGINS")
@@ -155,8 +149,7 @@ class Manager:
             if not _selected(ep.name) or self.pm.has_plugin(ep.name):
                 continue
             dist = getattr(ep, "dist", None)
-            dist_name = dist.metadata["Name"] if dist is not None else None
-            version = dist.version if dist is not None else None
+            dist_name, version = (dist.metadata["Name"], dist.version) if dist is not None else (None, None)
             try:
                 self.register(ep.load(), ep.name, dist_name, version)
                 self.check_pending()
@@ -204,14 +197,12 @@ class Manager:
     def _collect(self) -> dict[str, Registry]:
         registries = {kind: Registry(kind, self.broken) for kind in KINDS}
         for kind, hook_name in KINDS.items():
-            caller = getattr(self.pm.hook, hook_name)
-            for impl in reversed(caller.get_hookimpls()):
+            for impl in reversed(getattr(self.pm.hook, hook_name).get_hookimpls()):
+                name = impl.plugin_name
                 try:
-                    impl.function(register=Registrar(registries[kind], impl.plugin_name))
+                    impl.function(register=Registrar(registries[kind], name))
                 except Exception as exc:
-                    self._broken(
-                        impl.plugin_name, f"eesd plug-in {impl.plugin_name!r} failed in {hook_name}", exc
-                    )
+                    self._broken(name, f"eesd plug-in {name!r} failed in {hook_name}", exc)
                     return self._collect()
         return registries
 

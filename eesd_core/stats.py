@@ -55,13 +55,8 @@ class GenerationStats:
         return self.new_tokens / self.total_time if self.total_time > 0 else 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out.update(
-            mean_accepted_tokens=self.mean_accepted_tokens,
-            acceptance_rate=self.acceptance_rate,
-            tokens_per_second=self.tokens_per_second,
-        )
-        return out
+        rates = ("mean_accepted_tokens", "acceptance_rate", "tokens_per_second")
+        return asdict(self) | {name: getattr(self, name) for name in rates}
 
 
 @dataclass

@@ -14,19 +14,15 @@ def add_decoder_arguments(parser: argparse.ArgumentParser) -> None:
     """The options that choose a model and the plug-ins, shared by several commands."""
     model = "a local HF checkpoint directory, or a model name a plug-in knows (`eesd models list`)"
     parser.add_argument("--model", default="smollm2-135m-instruct", help=model)
-    parser.add_argument(
-        "--drafter", default="early_exit", help="drafter plug-in, or 'none' for plain decoding"
-    )
+    parser.add_argument("--drafter", default="early_exit", help="drafter plug-in ('none': plain decoding)")
     parser.add_argument("--drafter-options", type=json_object, default={}, help="a JSON object")
     parser.add_argument("--controller", default="thompson", help="controller plug-in")
     parser.add_argument("--controller-options", type=json_object, default={}, help="a JSON object")
     parser.add_argument("--verifier", default="lossless", help="verifier plug-in")
     parser.add_argument("--max-draft-tokens", type=int, default=8, help="most drafts in a round")
     parser.add_argument("--cache-dir", default=None, help="where fetched models live (None: the XDG cache)")
-    products = (
-        "how linear layers multiply: auto (a plug-in may time faster CPU products, once per machine) or "
-    )
-    parser.add_argument("--products", default="auto", help=products + "standard (F.linear)")
+    products = "how linear layers multiply: auto (a plug-in may time faster CPU products, once per machine)"
+    parser.add_argument("--products", default="auto", help=products + " or standard (F.linear)")
     add_device_arguments(parser)
 
 
@@ -44,12 +40,9 @@ def json_object(text: str) -> dict[str, Any]:
 def add_device_arguments(parser: argparse.ArgumentParser, dtype: str = "float32") -> None:
     """``--device`` and ``--dtype``: where the model runs and the precision of its weights."""
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or mps")
-    parser.add_argument(
-        "--dtype",
-        default=dtype,
-        choices=["float32", "bfloat16", "float16", "float64"],
-        help="precision of the weights; p and q are still computed in float32",
-    )
+    precision = "precision of the weights; p and q are still computed in float32"
+    choices = ["float32", "bfloat16", "float16", "float64"]
+    parser.add_argument("--dtype", default=dtype, choices=choices, help=precision)
 
 
 def load_decoder(args: argparse.Namespace, **overrides: Any) -> Any:
@@ -69,6 +62,5 @@ def encode_prompt(tokenizer: Any, text: str, chat: bool = True) -> list[int]:
     """Token ids of ``text``, wrapped in the tokenizer's chat template when it has one."""
     if chat and getattr(tokenizer, "chat_template", None):
         ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
-        ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
-        return list(ids)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)  # a dict or a BatchEncoding
     return tokenizer(text)["input_ids"]

@@ -1,4 +1,4 @@
-"""What the adapters for Hugging Face decoder-only models share.
+"""What the adapters for Hugging Face decoder-only models share, and the Llama family's adapter.
 
 Models laid out as ``model.model.embed_tokens``, ``.layers``, ``.norm``, ``.rotary_emb`` and
 ``model.lm_head``; masks are built here per layer kind (full or sliding window). The model is never
@@ -10,12 +10,12 @@ variable, so threads and decoders sharing the model never see each other's passe
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import threading
 import weakref
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
-from functools import partial
 from typing import Any
 
 import torch
@@ -24,6 +24,7 @@ from torch import nn
 
 from eesd_core.cache import KVCache
 from eesd_core.models import AdapterOptions, linear_products
+from eesd_core.models.builtin import LLAMA_TYPES
 
 Linear = Callable[..., torch.Tensor]  # (x, weight, bias) -> F.linear(x, weight, bias)
 _PASS: ContextVar[Linear | None] = ContextVar("eesd_pass", default=None)
@@ -72,11 +73,10 @@ class DecoderAdapter:
         self.options = options or AdapterOptions()
         self.model_type = str(self.config.model_type)
         self._backbone = model.model
-        self._layers = [shadow(layer) for layer in self._backbone.layers]
+        self._layers = [(shadow(layer), self._window_of(layer)) for layer in self._backbone.layers]
         self.num_layers = len(self._layers)
         self.vocab_size = int(model.lm_head.weight.shape[0])
         self.hidden_size = int(self.config.hidden_size)
-        self._windows = [self._window_of(layer) for layer in self._layers]
         self._cache_keyword = _cache_keyword(self._backbone.layers[0])
         self._copies: weakref.WeakKeyDictionary[nn.Module, nn.Module] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
@@ -84,19 +84,12 @@ class DecoderAdapter:
 
     @classmethod
     def supports(cls, model: Any) -> bool:
-        config = getattr(model, "config", None)
-        return (
-            getattr(config, "model_type", None) in cls.model_types
-            and hasattr(model, "lm_head")
-            and hasattr(model, "model")
-        )
+        model_type = getattr(getattr(model, "config", None), "model_type", None)
+        return model_type in cls.model_types and hasattr(model, "lm_head") and hasattr(model, "model")
 
     def _window_of(self, layer: nn.Module) -> int | None:
         """A decoder layer's attention window (on the module, or in the config), ``None``: none."""
-        attention: Any = layer.self_attn
-        if hasattr(attention, "sliding_window"):
-            return attention.sliding_window
-        return getattr(self.config, "sliding_window", None)
+        return getattr(layer.self_attn, "sliding_window", getattr(self.config, "sliding_window", None))
 
     @property
     def dtype(self) -> torch.dtype:
@@ -118,20 +111,8 @@ class DecoderAdapter:
     def _route(self, rows: int, index: torch.Tensor | None = None) -> Linear | None:
         """How a pass over ``rows`` positions multiplies (``None``: F.linear); ``index``: the
         positions that count, when it skips its padding."""
-        training = torch.is_grad_enabled()
-        product = None if self.products is None or training else self.products.product(rows)
-        if index is None:
-            return product
-        return partial(_skipping, index, product or F.linear)
-
-    def _in_pass(self, route: Linear | None, run: Callable[[], torch.Tensor]) -> torch.Tensor:
-        if route is None and _PASS.get() is None:
-            return run()
-        token = _PASS.set(route)
-        try:
-            return run()
-        finally:
-            _PASS.reset(token)
+        product = None if self.products is None or torch.is_grad_enabled() else self.products.product(rows)
+        return product if index is None else functools.partial(_skipping, index, product or F.linear)
 
     def new_cache(self, num_layers: int | None = None, capacity: int = 64) -> KVCache:
         return KVCache(self.num_layers if num_layers is None else num_layers, capacity)
@@ -147,28 +128,6 @@ class DecoderAdapter:
     def rotary(self, hidden: torch.Tensor, positions: int | torch.Tensor) -> Any:
         return self._backbone.rotary_emb(hidden, self._position_ids(hidden, positions))
 
-    def mask(
-        self, queries: int, position: int, window: int | None, like: torch.Tensor
-    ) -> torch.Tensor | None:
-        """Additive mask ``[1, 1, m, position + m]``: causal, and windowed for sliding layers."""
-        total = position + queries
-        if queries == 1 and (window is None or total <= window):
-            return None
-        rows = torch.arange(position, total, device=like.device).view(-1, 1)
-        cols = torch.arange(total, device=like.device).view(1, -1)
-        allowed = cols <= rows
-        if window is not None:
-            allowed &= cols > rows - window
-        return _additive(allowed, like.dtype).view(1, 1, queries, total)
-
-    def _masks(
-        self, hidden: torch.Tensor, positions: int | torch.Tensor, valid: torch.Tensor | None
-    ) -> Callable[[int | None], torch.Tensor | None]:
-        if valid is None:
-            return lambda window: self.mask(hidden.shape[1], int(positions), window, hidden)
-        valid = valid.to(hidden.device)
-        return lambda window: _padded_mask(valid, hidden.shape[1], window, hidden.dtype)
-
     def run(
         self,
         hidden: torch.Tensor,
@@ -183,27 +142,27 @@ class DecoderAdapter:
         :attr:`skips_padding`, a pass with empty slots multiplies only the positions that count."""
         if start >= end:
             return hidden
-        rotary = self.rotary(hidden, positions) if rotary is None else rotary
-        masks = self._masks(hidden, positions, valid)
-        m = hidden.shape[0] * hidden.shape[1]
         index = None
         if valid is not None and self.skips_padding and not torch.is_grad_enabled():
             live = valid[:, valid.shape[1] - hidden.shape[1] :].reshape(-1)  # queries that count
-            n = int(live.sum())
-            if 0 < n < m:
-                index, m = live.nonzero().squeeze(1).to(hidden.device), n
-        layers, windows = self._layers[start:end], self._windows[start:end]
-        return self._in_pass(
-            self._route(m, index), lambda: self._run(layers, windows, hidden, cache, rotary, masks)
-        )
+            if 0 < int(live.sum()) < live.numel():
+                index = live.nonzero().squeeze(1).to(hidden.device)
+        return self._run(self._layers[start:end], hidden, cache, positions, valid, rotary, index)
 
-    def _run(self, layers: Any, windows: Any, hidden: Any, cache: KVCache, rotary: Any, masks: Any) -> Any:
-        made: dict[int | None, torch.Tensor | None] = {}
-        for layer, window in zip(layers, windows, strict=True):
-            if window not in made:
-                made[window] = masks(window)
-            hidden = self.call_layer(layer, hidden, made[window], rotary, cache)
-        return hidden
+    def _run(
+        self, layers: Any, hidden: Any, cache: KVCache, positions: Any, valid: Any, rotary: Any, index: Any
+    ) -> torch.Tensor:
+        """One pass, routed (:meth:`_route`), through ``layers``: pairs of a layer and its window."""
+        rotary = self.rotary(hidden, positions) if rotary is None else rotary
+        masks = functools.cache(functools.partial(_mask, hidden, positions, valid))  # one per window
+        rows = hidden.shape[0] * hidden.shape[1] if index is None else len(index)
+        token = _PASS.set(self._route(rows, index))
+        try:
+            for layer, window in layers:
+                hidden = self.call_layer(layer, hidden, masks(window), rotary, cache)
+            return hidden
+        finally:
+            _PASS.reset(token)
 
     def call_layer(
         self, layer: nn.Module, hidden: torch.Tensor, mask: torch.Tensor | None, rotary: Any, cache: KVCache
@@ -244,19 +203,21 @@ class DecoderAdapter:
         rotary: Any = None,
     ) -> torch.Tensor:
         """Layers made by :meth:`copy_layer`, in order, positioned and masked as :meth:`run`."""
-        rotary = self.rotary(hidden, positions) if rotary is None else rotary
-        masks = self._masks(hidden, positions, valid)
-        shadows = [self._copy_shadow(layer) for layer in layers]
-        windows = [self._window_of(layer) for layer in layers]
-        route = self._route(hidden.shape[0] * hidden.shape[1])
-        return self._in_pass(route, lambda: self._run(shadows, windows, hidden, cache, rotary, masks))
+        pairs = [(self._copy_shadow(layer), self._window_of(layer)) for layer in layers]
+        return self._run(pairs, hidden, cache, positions, valid, rotary, None)
 
     def _copy_shadow(self, layer: nn.Module) -> nn.Module:
-        found = self._copies.get(layer)
-        if found is None:
+        if (found := self._copies.get(layer)) is None:
             with self._lock:
                 found = self._copies.setdefault(layer, shadow(layer))
         return found
+
+
+class LlamaFamilyAdapter(DecoderAdapter):
+    """Llama, Mistral, Qwen2, Qwen3 (SmolLM2 is Llama) in transformers 5.x, whose layout
+    :class:`DecoderAdapter` runs as it is."""
+
+    model_types = LLAMA_TYPES
 
 
 def _cache_keyword(layer: nn.Module) -> str:
@@ -265,9 +226,18 @@ def _cache_keyword(layer: nn.Module) -> str:
     return "cache" if "cache" in parameters else "past_key_values"
 
 
-def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
-    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+def _mask(
+    hidden: torch.Tensor, positions: int | torch.Tensor, valid: torch.Tensor | None, window: int | None
+) -> torch.Tensor | None:
+    """The additive mask of a pass over ``hidden`` (:func:`_padded_mask`); ``None`` where a lone query
+    of a dense layout (``valid`` ``None``) sees every key."""
+    m = hidden.shape[1]
+    if valid is None:  # every key up to the last query counts
+        total = int(positions) + m
+        if m == 1 and (window is None or total <= window):
+            return None
+        valid = torch.ones(1, total, dtype=torch.bool, device=hidden.device)
+    return _padded_mask(valid.to(hidden.device), m, window, hidden.dtype)
 
 
 def _padded_mask(valid: torch.Tensor, m: int, window: int | None, dtype: torch.dtype) -> torch.Tensor:
@@ -282,4 +252,4 @@ def _padded_mask(valid: torch.Tensor, m: int, window: int | None, dtype: torch.d
         query_positions = key_positions[:, total - m :]  # [B, m]
         allowed &= key_positions[:, None, :] > query_positions[:, :, None] - window
     allowed |= cols == slots
-    return _additive(allowed, dtype)[:, None]
+    return torch.zeros_like(allowed, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]

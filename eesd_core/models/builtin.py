@@ -13,5 +13,5 @@ LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 @hookimpl
 def eesd_register_model_adapters(register: Any) -> None:
-    adapter = LazyAdapter("eesd_core.models.llama", "LlamaFamilyAdapter", LLAMA_TYPES)
+    adapter = LazyAdapter("eesd_core.models.base", "LlamaFamilyAdapter", LLAMA_TYPES)
     register.add("llama_family", adapter, options=AdapterOptions)
