@@ -6,6 +6,7 @@ Every model forbids unknown keys, so a typo is an error that names the key, neve
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -68,12 +69,19 @@ class GenerationConfig(BaseModel):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     seed: int | tuple[int, ...] | None = None
     eos_token_id: tuple[int, ...] = ()
-    keywords: ClassVar = ("attention_mask", "pad_token_id", "rng")  # taken by generate() itself
+    min_new_tokens: int = Field(0, ge=0)
+    logits_processor: tuple[Callable[..., Any], ...] = ()  # (input_ids [1, T], scores [1, V]) -> scores
+    stopping_criteria: tuple[Callable[..., Any], ...] = ()  # (input_ids [1, T], None) -> bool
+    logprobs: bool = False
+    top_logprobs: int = Field(0, ge=0, le=20)
+    keywords: ClassVar = ("attention_mask", "pad_token_id", "rng", "streamer")  # taken by generate()
 
     @model_validator(mode="before")
     @classmethod
     def _numbers(cls, values: Any) -> Any:
-        return {k: number(v, k) for k, v in values.items()} if isinstance(values, dict) else values
+        if not isinstance(values, dict):
+            return values
+        return {k: v if k == "logprobs" else number(v, k) for k, v in values.items()}
 
     @field_validator("eos_token_id", mode="before")
     @classmethod

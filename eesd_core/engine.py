@@ -36,6 +36,8 @@ class GenerationResult:
     sequences: torch.Tensor
     stats: GenerationStats
 
+    logprobs: list[float] | None = None  # with logprobs=True: each new token's, under p
+    top_logprobs: list[list[tuple[int, float]]] | None = None  # with top_logprobs=n: n best
 
 @dataclass
 class BatchResult:
@@ -45,6 +47,8 @@ class BatchResult:
     sequences: torch.Tensor | list[torch.Tensor]
     stats: BatchStats
 
+    logprobs: list[list[float]] | None = None  # per row, as GenerationResult's
+    top_logprobs: list[list[list[tuple[int, float]]]] | None = None
 
 class SpeculativeDecoder:
     """Lossless speculative decoding of a Hugging Face causal LM with pluggable parts.
@@ -135,6 +139,7 @@ class SpeculativeDecoder:
         pad_token_id: int | None = None,
         rng: RandomSource | list[RandomSource] | None = None,
         **kwargs: Any,
+        streamer: Any = None,
     ) -> GenerationResult | BatchResult:
         """Generate up to ``max_new_tokens`` after ``input_ids``: one sequence (``[1, T]``, ``[T]``,
         a list of ids; a :class:`GenerationResult`), or a batch (``[B, T]`` with ``attention_mask``,
@@ -142,16 +147,27 @@ class SpeculativeDecoder:
         row decoded exactly as alone. Keywords: ``max_new_tokens=128, temperature=0.0, top_k=0,
         top_p=1.0, seed=None, eos_token_id=None`` (``None``: the model's; ``[]``: never stop early).
         Row b draws from ``rng[b]``, else ``TorchRandom(seed + b)`` (or a list of seeds), so its
-        tokens do not depend on other rows; ``pad_token_id`` fills rows that stopped early."""
+        tokens do not depend on other rows; ``pad_token_id`` fills rows that stopped early;
+        ``streamer``: a transformers streamer. transformers' keywords: ``docs/generate.md``."""
         if pad_token_id is not None:
             self._token(pad_token_id, "pad_token_id")
         generation = self.stream(input_ids, attention_mask=attention_mask, rng=rng, **kwargs)
-        for _ in generation:
-            pass
+        if streamer is not None and not generation.single:
+            raise InputError("streamer= takes one sequence, as transformers' streamers do.")
+        put = (
+            (lambda tokens: None) if streamer is None else (lambda tokens: streamer.put(torch.tensor(tokens)))
+        )
+        put(generation.sequence)  # the prompt first, as transformers' generate() streams it
+        for tokens in generation:
+            put(tokens)
+        if streamer is not None:
+            streamer.end()
+        logprobs, top = generation.logprobs, generation.top_logprobs
         if generation.single:
             sequences = torch.tensor([generation.sequence], dtype=torch.long, device=HOST)
-            return GenerationResult(sequences=sequences, stats=generation.stats)
-        return BatchResult(self._batch_sequences(generation, pad_token_id), generation.stats)
+            first = logprobs[0] if logprobs else None
+            return GenerationResult(sequences, generation.stats, first, top[0] if top else None)
+        return BatchResult(self._batch_sequences(generation, pad_token_id), generation.stats, logprobs, top)
 
     def stream(
         self,
@@ -165,6 +181,7 @@ class SpeculativeDecoder:
         (a list of new tokens, or for a batch one list per row; the first item is the prefill's
         one token); its ``stats`` hold the totals so far. Same arguments as :meth:`generate`."""
         if kwargs.get("eos_token_id") is None:
+        self.manager.pm.hook.eesd_generation_keywords(decoder=self, keywords=kwargs)
             kwargs["eos_token_id"] = self._default_eos()
         config = generation_config(**kwargs)
         prompts, padded, single = self._prompts(input_ids, attention_mask)

@@ -53,6 +53,12 @@ def eesd_linear_products(adapter: Any, choice: str) -> Any:
 
 
 @hookspec
+def eesd_generation_keywords(decoder: Any, keywords: dict[str, Any]) -> None:
+    """Turn ``generate()`` keywords the core does not know into ones it does, in ``keywords`` itself
+    (``repetition_penalty`` into a ``logits_processor``, say), or raise an ``InputError``."""
+
+
+@hookspec
 def eesd_round_end(outcome: RoundOutcome) -> None:
     """Observe one row's finished round (tracing, metrics): the frozen
     :class:`~eesd_core.protocols.RoundOutcome` the controller learnt from."""

@@ -22,10 +22,10 @@ from eesd_core.config import GenerationConfig
 from eesd_core.control import Control, RowDrafts, row_outcome
 from eesd_core.costs import CostBook
 from eesd_core.devices import HOST, pass_tokens
-from eesd_core.errors import EESDError
+from eesd_core.errors import EESDError, NumericalError
 from eesd_core.guards import Guarded
 from eesd_core.protocols import FIXED, Confidence, Request, RoundOutcome, SamplingParams
-from eesd_core.sampling import check_finite, confidence, process_logits
+from eesd_core.sampling import check_finite, confidence, log_probs, process_logits
 from eesd_core.stats import BatchStats, GenerationStats
 
 
@@ -44,13 +44,6 @@ class Parts:
     clock: Callable[[], float]
     observe: Callable[[RoundOutcome], None] | None = None
     finished: Callable[[GenerationStats], None] | None = None
-
-
-def target_probs(adapter: Any, top: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
-    """The target's p ``[..., V]`` from its last-layer states ``[..., H]`` (checked finite)."""
-    logits = adapter.logits(adapter.norm(top))
-    check_finite(logits, "Target")
-    return process_logits(logits, sampling)
 
 
 class Generation:
@@ -86,6 +79,13 @@ class Generation:
         self.draft_state: Any = None
         self.done = False
         self._written: list[tuple[int, int, list[int]]] = []  # (row, at, tokens) not yet in tokens
+        wanted = config.logprobs or config.top_logprobs
+        self.logprobs: list[list[float]] | None = [[] for _ in prompts] if wanted else None  # per row
+        self.top_logprobs: list[list[list[tuple[int, float]]]] | None = None
+        self.top_logprobs = [[] for _ in prompts] if config.top_logprobs else None
+        self._scores: torch.Tensor | None = None  # the last target pass's processed logits [B, m, V]
+        self.shaping = bool(config.logits_processor or config.min_new_tokens)
+        self._dead: set[tuple[int, int]] = set()  # (row, offset) of the last pass with no token allowed
         self._started: float | None = None
         self._interrupted = False
 
@@ -132,7 +132,7 @@ class Generation:
         """Every row's prompt, left-padded, through every layer; p draws each row's first token."""
         parts, layout = self.parts, self.layout
         self._started = parts.clock()
-        adapter, drafter, guard = parts.adapter, parts.drafter, parts.guard
+        drafter, guard = parts.drafter, parts.guard
         rows, width = len(self.lengths), max(self.lengths)
         feed = torch.zeros(rows, width, dtype=torch.long, device=HOST)
         if any(length != width for length in self.lengths):
@@ -152,13 +152,14 @@ class Generation:
             request = Request(width, new, parts.max_draft_tokens, self.sampling, costs, rows, parts.withdraws)
             self.control = Control(parts.controller, guard, request)
         last = width - 1 if top.shape[1] > 1 else 0
-        p = target_probs(adapter, top[:, last : last + 1], self.sampling)  # [B, 1, V]
-        none = feed[0, :0]
-        drawn = guard.verify(parts.verifier, [none] * rows, [None] * rows, p, self.rngs)
+        p, logits = self._p(top[:, last], [(row, 0) for row in range(rows)])
+        self._scores, none = logits[:, None] if self.logprobs is not None else None, feed[0, :0]
+        drawn = guard.verify(parts.verifier, [none] * rows, [None] * rows, p[:, None], self.rngs)
         committed = []
         for row, (_, token) in enumerate(drawn):
             self.row_stats[row].rounds += 1  # a target pass that committed one token
             committed.append(self._commit(row, [token]))
+            self._note(row, row, committed[-1])
         self.stats.prefill_time = parts.clock() - self._started
         return self._close(committed)
 
@@ -248,6 +249,7 @@ class Generation:
             new, times = [*d.tokens[:n], token], (t1 - t0, t2 - t1)
             outcome = row_outcome(self.lengths[row] - 1, d, n, new, times, costs, row, judge)
             committed[row] = self._commit(row, new)
+            self._note(j, row, committed[row])
             self.row_stats[row].add_round(outcome)
             outcomes.append(outcome)
         if self.control is not None:
@@ -310,6 +312,7 @@ class Generation:
         """Draw slot row j's next draft from q (the argmax when greedy, its confidence read at
         temperature 1), unless the controller, shown q first, takes it back (``None``)."""
         check_finite(logits, "Draft")
+        logits = self._shape(logits[None], [(self.ids[j], len(drafts.tokens))])[0]
         greedy, sampling = self.sampling.greedy, self.sampling
         probs = torch.softmax(logits.float(), dim=-1) if greedy else process_logits(logits[None], sampling)[0]
         q = None if greedy else probs
@@ -352,14 +355,54 @@ class Generation:
         parts.guard.check_cache(self.cache, first, start, m)
         positions, valid = layout.window(start, start + m)
         top = adapter.run(hidden, first, adapter.num_layers, self.cache, positions, valid)
-        rows = top.shape[0]
+        rows, flat = top.shape[0], top.reshape(top.shape[0] * m, -1)
+        at = [(row, i) for row in self.ids for i in range(m)] if self.shaping else []  # of each flat one
         live = None if valid is None or not getattr(adapter, "skips_padding", True) else valid[:, start:]
         if live is None or bool(live.all()):
-            return target_probs(adapter, top, self.sampling), top
-        index = live.reshape(-1).to(top.device).nonzero().squeeze(1)  # the LM head over what counts
-        picked = target_probs(adapter, top.reshape(rows * m, -1).index_select(0, index), self.sampling)
-        p = picked.new_zeros(rows * m, picked.shape[-1]).index_copy_(0, index, picked)
+            p, logits = self._p(flat, at)
+        else:
+            index = live.reshape(-1).to(top.device).nonzero().squeeze(1)  # the LM head over what counts
+            p, logits = self._p(flat.index_select(0, index), [at[i] for i in index.tolist()] if at else at)
+            p = p.new_zeros(rows * m, p.shape[-1]).index_copy_(0, index, p)
+            if self.logprobs is not None:
+                logits = logits.new_zeros(rows * m, logits.shape[-1]).index_copy_(0, index, logits)
+        self._scores = logits.view(rows, m, -1) if self.logprobs is not None else None
         return p.view(rows, m, -1), top
+
+    def _p(self, top: torch.Tensor, at: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The target's p ``[r, V]`` from last-layer states ``[r, H]`` at ``at``, and its logits."""
+        logits = self.parts.adapter.logits(self.parts.adapter.norm(top))
+        check_finite(logits, "Target")
+        logits = self._shape(logits, at)
+        return process_logits(logits, self.sampling), logits
+
+    def _shape(self, logits: torch.Tensor, at: list[tuple[int, int]]) -> torch.Tensor:
+        """``logits`` ``[r, V]`` through the logits processors, row i at ``at[i]`` = (row, offset) seeing
+        the row's tokens to its pending one and ``offset`` drafts: p's prefix there, for p and q alike."""
+        if not self.shaping:
+            return logits
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32), copy=True)
+        for i, (row, offset) in enumerate(at):
+            end = self.lengths[row] + offset
+            if end - self.prompt_lengths[row] < self.config.min_new_tokens:
+                logits[i, list(self.config.eos_token_id)] = -torch.inf
+            prefix = self.tokens[row, :end][None].to(logits.device)
+            for processor in self.config.logits_processor:
+                logits[i : i + 1] = processor(prefix, logits[i : i + 1])
+        dead = logits.isneginf().all(-1)  # no token may follow: an error once a commit reaches it
+        self._dead = {at[i] for i in dead.nonzero()[:, 0].tolist()}
+        return logits.masked_fill_(dead[:, None], 0.0)  # past a draft p rules out, or any draft
+
+    def _note(self, j: int, row: int, tokens: list[int]) -> None:
+        """Each committed token's log p (and the best ``top_logprobs``) from slot row j's scores."""
+        if self.logprobs is None or not tokens:
+            return
+        scores = log_probs(self._scores[j, : len(tokens)], self.sampling)  # type: ignore[index]
+        self.logprobs[row] += scores[list(range(len(tokens))), tokens].tolist()
+        if self.top_logprobs is not None:
+            values, index = scores.topk(self.config.top_logprobs, dim=-1)
+            pairs = zip(index.tolist(), values.tolist(), strict=True)
+            self.top_logprobs[row] += [list(zip(*pair, strict=True)) for pair in pairs]
 
     def _rollback(self, upto: list[int]) -> None:
         """Keep each row's accepted inputs (-1: a finished row keeps none); the batch moves on."""
@@ -373,19 +416,27 @@ class Generation:
 
     def _commit(self, row: int, tokens: list[int]) -> list[int]:
         """Append a row's tokens, cut at its first EOS or at max_new_tokens."""
-        stats = self.row_stats[row]
+        if any((row, i) in self._dead for i in range(len(tokens))):
+            raise NumericalError(f"The logits processors allow no token after {self.sequences[row]}.")
+        stats, tokens = self.row_stats[row], tokens[: self._remaining(row)]
         for i, token in enumerate(tokens):
-            if token in self.config.eos_token_id:
-                tokens, self.finished[row], stats.stopped_by = tokens[: i + 1], True, "eos"
+            end = "eos" if token in self.config.eos_token_id else self._stopped(row, tokens[: i + 1])
+            if end:
+                tokens, stats.stopped_by = tokens[: i + 1], end
                 break
-        remaining = self._remaining(row)
-        if len(tokens) >= remaining:
-            tokens, self.finished[row] = tokens[:remaining], True
-            stats.stopped_by = stats.stopped_by or "max_new_tokens"
+        if stats.stopped_by or len(tokens) == self._remaining(row):
+            self.finished[row], stats.stopped_by = True, stats.stopped_by or "max_new_tokens"
         self._written.append((row, self.lengths[row], tokens))
         self.lengths[row] += len(tokens)
         stats.new_tokens += len(tokens)
         return tokens
+
+    def _stopped(self, row: int, new: list[int]) -> str:
+        """``"stop"`` when a stopping criterion holds once ``new`` follows the row's tokens."""
+        if not (criteria := self.config.stopping_criteria):
+            return ""
+        ids = torch.cat([self.tokens[row, : self.lengths[row]], torch.tensor(new, device=HOST)])[None]
+        return "stop" if any(bool(torch.as_tensor(holds(ids, None)).all()) for holds in criteria) else ""
 
     def _write(self) -> None:
         """Put the tokens committed since the last call into ``tokens``, in one assignment."""

@@ -29,11 +29,7 @@ def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
     logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
     if params.greedy:
         return one_hot_argmax(logits)
-    scores = logits / params.temperature
-    if params.top_k and params.top_k < scores.shape[-1]:
-        scores = _keep_top_k(scores, params.top_k)
-    if params.top_p < 1.0:
-        scores = _keep_top_p(scores, params.top_p)
+    scores = _warp(logits, params)
     probs = torch.softmax(scores, dim=-1)
     if torch.isnan(probs).any():
         if bool(torch.isinf(scores).any()) and bool(torch.isfinite(logits).any(dim=-1).all()):
@@ -43,6 +39,20 @@ def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
             )
         raise NumericalError("every logit is -inf in a row: there is no token to sample.")
     return probs
+
+
+def log_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """log p for each row of ``logits``; greedy, that of the logits at temperature 1 (transformers'
+    scores), not of the one-hot p. # [m, V] -> [m, V]"""
+    logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+    return torch.log_softmax(logits if params.greedy else _warp(logits, params), dim=-1)
+
+
+def _warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    scores = logits / params.temperature
+    if params.top_k and params.top_k < scores.shape[-1]:
+        scores = _keep_top_k(scores, params.top_k)
+    return _keep_top_p(scores, params.top_p) if params.top_p < 1.0 else scores
 
 
 def one_hot_argmax(logits: torch.Tensor) -> torch.Tensor:

@@ -176,8 +176,10 @@ def engine_distribution(
     sampling: SamplingParams = _SAMPLE,
     eos_token_id: Sequence[int] = (),
     max_runs: int = 100_000,
+    keywords: Mapping[str, Any] | None = None,
 ) -> Sequences:
-    """P(new tokens) of ``setup``'s decoder generating after ``prompt``, exactly, by enumeration."""
+    """P(new tokens) of ``setup``'s decoder generating after ``prompt``, exactly, by enumeration;
+    ``keywords``: more ``generate()`` arguments (logits processors, ``min_new_tokens``, ...)."""
 
     def run(rng: RandomSource) -> tuple[int, ...]:
         random.seed(0)
@@ -193,6 +195,7 @@ def engine_distribution(
             top_p=sampling.top_p,
             eos_token_id=list(eos_token_id),
             seed=0,
+            **(keywords or {}),
         )
         return tuple(result.sequences[0, len(prompt) :].tolist())  # type: ignore[call-overload]
 
@@ -207,9 +210,10 @@ def engine_batch_distribution(
     sampling: SamplingParams = _SAMPLE,
     eos_token_id: Sequence[int] = (),
     max_runs: int = 100_000,
+    keywords: Mapping[str, Any] | None = None,
 ) -> dict[tuple[tuple[int, ...], ...], float]:
     """P(new tokens of every row) of one batched call, exactly: every row draws from one
-    enumerating source, so the joint outcome of the rows is enumerated."""
+    enumerating source, so the joint outcome of the rows is enumerated (``keywords`` as above)."""
 
     def run(rng: RandomSource) -> tuple[tuple[int, ...], ...]:
         random.seed(0)
@@ -224,6 +228,7 @@ def engine_batch_distribution(
             top_k=sampling.top_k,
             top_p=sampling.top_p,
             eos_token_id=list(eos_token_id),
+            **(keywords or {}),
         )
         return tuple(tuple(row[len(p) :].tolist()) for row, p in zip(result.sequences, prompts, strict=True))
 

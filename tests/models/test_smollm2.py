@@ -97,3 +97,31 @@ def test_demo_streams_and_compares_with_plain_decoding(smollm2, capsys: pytest.C
     assert "reading the target's top state" in out
     assert "plain" in out and "tokens/s" in out and "min-max" in out
     assert "transformers" in out and "x transformers" in out
+
+
+def test_generate_keywords_equal_transformers(smollm2) -> None:
+    """transformers' keywords on the real weights: the same greedy tokens, the same stop at a stop
+    string, and log-probabilities equal plain decoding's."""
+    from eesd_core import SpeculativeDecoder
+
+    model, tok = smollm2
+    keywords = dict(
+        repetition_penalty=1.3, no_repeat_ngram_size=3, min_new_tokens=12, stop_strings=[".", "\n"]
+    )
+    dec = SpeculativeDecoder(model, tokenizer=tok)
+    plain = SpeculativeDecoder(model, tokenizer=tok, drafter=None)
+    stops = []
+    for prompt in PROMPTS[:2]:
+        ids = tok.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt"
+        )["input_ids"]
+        expected = model.generate(ids, max_new_tokens=40, do_sample=False, tokenizer=tok, **keywords)
+        out = dec.generate(ids, max_new_tokens=40, logprobs=True, **keywords)
+        assert out.sequences.tolist() == expected.tolist(), prompt
+        reference = plain.generate(ids, max_new_tokens=40, logprobs=True, **keywords)
+        assert out.logprobs == pytest.approx(reference.logprobs, abs=2e-3)
+        stops.append(out.stats.stopped_by)
+        if out.stats.stopped_by == "stop":
+            text = tok.decode(out.sequences[0, ids.shape[1] :])
+            assert text.endswith((".", "\n")), text
+    assert "stop" in stops
