@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import operator
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,9 +36,9 @@ class GenerationResult:
 
     sequences: torch.Tensor
     stats: GenerationStats
-
     logprobs: list[float] | None = None  # with logprobs=True: each new token's, under p
     top_logprobs: list[list[tuple[int, float]]] | None = None  # with top_logprobs=n: n best
+
 
 @dataclass
 class BatchResult:
@@ -46,9 +47,9 @@ class BatchResult:
 
     sequences: torch.Tensor | list[torch.Tensor]
     stats: BatchStats
-
     logprobs: list[list[float]] | None = None  # per row, as GenerationResult's
     top_logprobs: list[list[list[tuple[int, float]]]] | None = None
+
 
 class SpeculativeDecoder:
     """Lossless speculative decoding of a Hugging Face causal LM with pluggable parts.
@@ -138,8 +139,8 @@ class SpeculativeDecoder:
         attention_mask: Any = None,
         pad_token_id: int | None = None,
         rng: RandomSource | list[RandomSource] | None = None,
-        **kwargs: Any,
         streamer: Any = None,
+        **kwargs: Any,
     ) -> GenerationResult | BatchResult:
         """Generate up to ``max_new_tokens`` after ``input_ids``: one sequence (``[1, T]``, ``[T]``,
         a list of ids; a :class:`GenerationResult`), or a batch (``[B, T]`` with ``attention_mask``,
@@ -180,8 +181,8 @@ class SpeculativeDecoder:
         """A :class:`~eesd_core.round.Generation`: iterate it for the tokens each round commits
         (a list of new tokens, or for a batch one list per row; the first item is the prefill's
         one token); its ``stats`` hold the totals so far. Same arguments as :meth:`generate`."""
-        if kwargs.get("eos_token_id") is None:
         self.manager.pm.hook.eesd_generation_keywords(decoder=self, keywords=kwargs)
+        if kwargs.get("eos_token_id") is None:
             kwargs["eos_token_id"] = self._default_eos()
         config = generation_config(**kwargs)
         prompts, padded, single = self._prompts(input_ids, attention_mask)
@@ -280,6 +281,10 @@ class SpeculativeDecoder:
         self._check_ids(input_ids)
         if input_ids.shape[0] == 0:
             raise InputError("The batch is empty: give at least one row.")
+        padded = torch.as_tensor(input_ids[:, 0] == getattr(self.adapter.config, "pad_token_id", None))
+        if attention_mask is None and bool(padded.any()) and not bool(padded.all()):
+            message = "Some rows of input_ids start with the pad token and no attention_mask was given: "
+            warnings.warn(message + "that padding is read as prompt. Pass attention_mask.", stacklevel=4)
         try:
             mask = (
                 torch.ones_like(input_ids, dtype=torch.bool)

@@ -185,3 +185,18 @@ def test_unsupported_architecture_names_the_supported_ones() -> None:
 def test_missing_checkpoint_is_an_input_error(tmp_path) -> None:
     with pytest.raises(InputError, match="config.json"):
         SpeculativeDecoder.from_pretrained(str(tmp_path / "nowhere"), controller="fixed")
+
+
+def test_a_padded_batch_without_its_mask_is_warned_about() -> None:
+    """Rows that start with the pad token, beside rows that do not, look like a padded batch whose
+    attention_mask was forgotten: the padding would be decoded as prompt."""
+    import warnings
+
+    decoder = SpeculativeDecoder(make_tiny("llama"), drafter=None)  # pad_token_id 0
+    with pytest.warns(UserWarning, match="start with the pad token.*Pass attention_mask"):
+        decoder.generate(torch.tensor([[0, 0, 5, 6], [1, 4, 5, 6]]), max_new_tokens=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mask = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])
+        decoder.generate(torch.tensor([[0, 0, 5, 6], [1, 4, 5, 6]]), attention_mask=mask, max_new_tokens=2)
+        decoder.generate(torch.tensor([[0, 3, 5], [0, 4, 5]]), max_new_tokens=2)  # every row: no padding
