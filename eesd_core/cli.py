@@ -73,17 +73,13 @@ def _generate(args: argparse.Namespace) -> int:
     if dec.tokenizer is None:
         raise EESDError(f"{args.model!r} has no tokenizer: `eesd generate` needs one to read text.")
     ids = encode_prompt(dec.tokenizer, text, chat=not args.no_chat)
-    import torch
     from transformers import TextStreamer
 
-    stream = TextStreamer(dec.tokenizer, skip_special_tokens=True)
+    stream = TextStreamer(dec.tokenizer, skip_prompt=True, skip_special_tokens=True)
     sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
-    generation = dec.stream(ids, max_new_tokens=args.max_new_tokens, **sampling)
-    for chunk in generation:
-        stream.put(torch.tensor(chunk))
-    stream.end()
+    result = dec.generate(ids, max_new_tokens=args.max_new_tokens, streamer=stream, **sampling)
     if args.stats:
-        print(json.dumps(generation.stats.to_dict(), indent=2), file=sys.stderr)
+        print(json.dumps(result.stats.to_dict(), indent=2), file=sys.stderr)
     return 0
 
 

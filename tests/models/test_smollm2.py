@@ -125,3 +125,18 @@ def test_generate_keywords_equal_transformers(smollm2) -> None:
             text = tok.decode(out.sequences[0, ids.shape[1] :])
             assert text.endswith((".", "\n")), text
     assert "stop" in stops
+
+
+def test_eesd_generate_streams_the_reply(smollm2, capsys: pytest.CaptureFixture) -> None:
+    """`eesd generate` prints the reply (not the prompt) as it is decoded: transformers' greedy text."""
+    from eesd_core.cli import main
+
+    model, tok = smollm2
+    prompt = "Name three primary colours."
+    ids = tok.apply_chat_template(
+        [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt"
+    )["input_ids"]
+    expected = model.generate(ids, max_new_tokens=12, do_sample=False)[0, ids.shape[1] :]
+    assert main(["generate", prompt, "--max-new-tokens", "12"]) == 0
+    out = capsys.readouterr().out
+    assert out.strip() == tok.decode(expected, skip_special_tokens=True).strip()
