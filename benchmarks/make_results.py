@@ -286,6 +286,70 @@ def exit_sweep_rows(r: Result) -> list[list[str]]:
 EXIT_SWEEP_COLUMNS = ["head", "N", "vocabulary", "top-1", "mean accepted", "modelled speedup"]
 
 
+# benchmarks/evaluate_controllers.py: one row per cost profile.
+
+
+def evaluate_rows(r: Result) -> list[list[str]]:
+    rows, timing = [], r.data["timing"]
+    for board in r.data["boards"]:
+        cells = board["rows"]
+        groups = [g for g in board["categories"] if g != "all"]
+        versus = board["vs_best_fixed"].get("thompson", {})
+        fixed = cells["best fixed k"]
+        rows.append(
+            [
+                f"`{board['profile']}`",
+                x(cells["thompson"]["all"]["speedup"], 3) if "thompson" in cells else "-",
+                f"{x(fixed['all']['speedup'], 3)} (k={fixed['all']['k']})",
+                x(cells["oracle"]["all"]["speedup"], 3),
+                f"{sum(versus.get(g, 2.0) <= 1.0 for g in groups)} of {len(groups)}",
+                ", ".join(f"{g} {versus[g]:.3f} (k={fixed[g]['k']})" for g in groups if g in versus),
+                f"{timing['median_seconds']:.1f} s",
+            ]
+        )
+    return rows
+
+
+EVALUATE_COLUMNS = [
+    "cost profile",
+    "thompson",
+    "best fixed k",
+    "oracle",
+    "thompson <= best fixed k",
+    "thompson / best fixed k by category (that category's k)",
+    "all traces evaluated in",
+]
+
+
+# benchmarks/offline_vs_online.py: one row per controller.
+
+
+def offline_rows(r: Result) -> list[list[str]]:
+    d = r.data
+    setting = f"{len(d['prompts'])} prompts x {d['max_new_tokens']} tokens"
+    return [
+        [
+            setting,
+            f"`{row['controller']}`",
+            x(row["modelled"], 3),
+            x(row["measured"], 3),
+            f"{100 * row['error']:+.1f}%",
+            ", ".join(f"{row['replayed'][k]}/{row['online'][k]}" for k in ("rounds", "drafted", "accepted")),
+        ]
+        for row in d["rows"]
+    ]
+
+
+OFFLINE_COLUMNS = [
+    "prompts",
+    "controller",
+    "modelled speedup",
+    "measured speedup",
+    "modelled / measured - 1",
+    "rounds, drafts, accepted: replayed / online",
+]
+
+
 # Any other file: the scalars of its summary.
 
 
@@ -390,6 +454,21 @@ BENCHMARKS = {
         "Held-out evaluation stored in each head file; costs measured here; speedups MODELLED.",
         fixed(EXIT_SWEEP_COLUMNS),
         exit_sweep_rows,
+    ),
+    "evaluate-controllers": Benchmark(
+        "Controllers offline (`eesd controllers evaluate`, `benchmarks/evaluate_controllers.py`)",
+        "Speedups over plain decoding are MODELLED: every registered controller replayed through a "
+        "shipped trace under a cost profile; ratios below 1 are time per token under the best fixed "
+        "k in hindsight's.",
+        fixed(EVALUATE_COLUMNS),
+        evaluate_rows,
+    ),
+    "offline-vs-online": Benchmark(
+        "Offline against online (`benchmarks/offline_vs_online.py`)",
+        "Speedups over plain decoding of each controller, modelled from a trace and a profile measured "
+        "in the same process, beside the speedup measured online on the same prompts.",
+        fixed(OFFLINE_COLUMNS),
+        offline_rows,
     ),
 }
 OTHER = Benchmark(

@@ -26,6 +26,10 @@ from eesd_core.hookspecs import hookimpl
 def eesd_cli_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from eesd_bench.cli import add_bench
     from eesd_bench.demo import add_demo
+    from eesd_bench.evalcli import add_controllers, add_costs, add_trace
 
     add_demo(subparsers)
     add_bench(subparsers)
+    add_trace(subparsers)
+    add_costs(subparsers)
+    add_controllers(subparsers)

@@ -25,6 +25,7 @@ positions) and :func:`compare_controllers` tabulates controllers against it::
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -92,11 +93,14 @@ class CostModel:
 
 @dataclass(frozen=True)
 class PromptTrace:
-    """One prompt's greedy output and a :class:`Position` for each of its tokens."""
+    """One prompt's greedy output and a :class:`Position` for each of its tokens; ``category`` and
+    ``name`` say where the prompt came from (a Spec-Bench category and question id, say)."""
 
     prompt_length: int
     tokens: tuple[int, ...]
     positions: tuple[Position, ...]
+    category: str = ""
+    name: str = ""
 
 
 @dataclass(frozen=True)
@@ -109,24 +113,67 @@ class Trace:
     meta: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Plain JSON data; positions are stored as columns."""
+        data = asdict(self)
+        for prompt, stored in zip(self.prompts, data["prompts"], strict=True):
+            stored["positions"] = _columns(prompt.positions)
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Trace:
         costs = data["costs"]
         prompts = tuple(
-            PromptTrace(p["prompt_length"], tuple(p["tokens"]), tuple(_position(q) for q in p["positions"]))
+            PromptTrace(
+                p["prompt_length"],
+                tuple(p["tokens"]),
+                _positions(p["positions"]),
+                p.get("category", ""),
+                str(p.get("name", "")),
+            )
             for p in data["prompts"]
         )
         cost_model = CostModel(costs["draft_step"], costs["propose_base"], tuple(costs["verify"]))
         return cls(data["max_k"], cost_model, prompts, dict(data.get("meta", {})))
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict()))
+        """JSON, gzip-compressed when the name ends in ``.gz``."""
+        text = json.dumps(self.to_dict(), separators=(",", ":"))
+        path = Path(path)
+        if path.suffix == ".gz":
+            path.write_bytes(gzip.compress(text.encode(), mtime=0))
+        else:
+            path.write_text(text)
 
     @classmethod
     def load(cls, path: str | Path) -> Trace:
-        return cls.from_dict(json.loads(Path(path).read_text()))
+        path = Path(path)
+        if not path.is_file():
+            raise InputError(f"No trace at {str(path)!r}: record one with `eesd trace record`.")
+        raw = path.read_bytes()
+        try:
+            text = gzip.decompress(raw).decode() if raw[:2] == b"\x1f\x8b" else raw.decode()
+            return cls.from_dict(json.loads(text))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise InputError(f"{str(path)!r} is not an eesd trace ({exc!r}): record it again.") from None
+
+
+_COLUMNS = ("drafts", "accepted", "top1", "prob", "entropy")
+
+
+def _columns(positions: Sequence[Position]) -> dict[str, list[Any]]:
+    out: dict[str, list[Any]] = {"drafts": [p.drafts for p in positions]}
+    out["accepted"] = [p.accepted for p in positions]
+    for key in _COLUMNS[2:]:
+        out[key] = [list(getattr(p, key)) for p in positions]
+    return out
+
+
+def _positions(data: Any) -> tuple[Position, ...]:
+    """Positions from columns, or from the older list of one mapping per position."""
+    if isinstance(data, Mapping):
+        rows = zip(*(data[key] for key in _COLUMNS), strict=True)
+        return tuple(Position(d, a, tuple(t), tuple(p), tuple(e)) for d, a, t, p, e in rows)
+    return tuple(_position(q) for q in data)
 
 
 def _position(data: Mapping[str, Any]) -> Position:
@@ -272,17 +319,32 @@ class ReplayResult:
         """Tokens committed per target pass (1.0 for plain decoding)."""
         return self.tokens / self.rounds if self.rounds else 0.0
 
+    @property
+    def acceptance(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+    def add(self, other: ReplayResult) -> None:
+        for name in ("tokens", "rounds", "drafted", "accepted", "withdrawn", "time"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
 
 def replay(
-    trace: Trace, controller: Controller, learn_costs: bool = True, withdraws: bool = True
+    trace: Trace,
+    controller: Controller,
+    learn_costs: bool = True,
+    withdraws: bool = True,
+    by_prompt: list[ReplayResult] | None = None,
 ) -> ReplayResult:
     """Run ``controller`` over every prompt of ``trace`` as the engine would, in modelled time.
 
-    With ``learn_costs`` the controller sees costs the way a fresh decoder measures them (nothing
-    until observed, then the modelled times of the rounds it ran); otherwise the full cost model.
+    A recorded prompt's first token is the prefill's: it is charged a plain step, and the
+    controller is neither asked nor told about it, as in the engine. With ``learn_costs`` the
+    controller sees costs the way a fresh decoder measures them (nothing until observed, then the
+    modelled times of the rounds it ran); otherwise the full cost model.
     With ``withdraws`` a controller that declares ``withdraws`` is asked ``keep``, as the engine
     asks it; a withdrawn draft costs the peek, ``draft_step - propose_base``. A trace keeps no
-    draft tokens: the controller sees ``DraftStep.token`` None.
+    draft tokens: the controller sees ``DraftStep.token`` None. ``by_prompt``, when given, receives
+    each prompt's own totals in the trace's order (one controller serves them all, in turn).
     """
     tracker = CostTracker(trace.max_k, smoothing=1.0)
     fixed = trace.costs.as_costs()
@@ -301,7 +363,10 @@ def replay(
             withdraws=withdraws and getattr(controller, "withdraws", False) is True,
         )
         control = Control(controller, guard, request)
-        t = 0
+        part, t = ReplayResult(), 0
+        if n_tokens and prompt.positions[0].drafts == 0:  # the prefill's token, as the engine commits it
+            part.add(ReplayResult(1, 1, time=trace.costs.round_time(0)))
+            t = 1
         while t < n_tokens:
             costs = tracker.snapshot() if learn_costs else fixed
             k, n, taken_back = _round(control, prompt, t, costs, trace.costs)
@@ -309,13 +374,11 @@ def replay(
             propose = trace.costs.propose_base + k * trace.costs.draft_step + extra
             tracker.observe(k, propose, trace.costs.verify[k], withdrawn=taken_back)
             committed = min(n + 1, n_tokens - t)
-            result.tokens += committed
-            result.rounds += 1
-            result.drafted += k
-            result.accepted += n
-            result.withdrawn += taken_back
-            result.time += trace.costs.round_time(k) + extra
+            part.add(ReplayResult(committed, 1, k, n, int(taken_back), trace.costs.round_time(k) + extra))
             t += committed
+        result.add(part)
+        if by_prompt is not None:
+            by_prompt.append(part)
     return result
 
 
