@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from eesd_bench.trace import CostModel, measure_costs
+from eesd_bench.tracefile import shipped_or_file
 from eesd_core.errors import InputError
 
 SHIPPED_PROFILES = Path(__file__).parent / "costs"
@@ -88,11 +89,7 @@ def shipped_profiles() -> dict[str, Path]:
 
 def load_profile(name_or_path: str) -> CostProfile:
     """A shipped profile by name, or a profile file."""
-    shipped = shipped_profiles()
-    path = shipped.get(name_or_path, Path(name_or_path))
-    if not path.is_file():
-        names = ", ".join(shipped) or "none"
-        raise InputError(f"No cost profile {name_or_path!r}: name a profile file or a shipped one ({names}).")
+    path = shipped_or_file(name_or_path, shipped_profiles(), "cost profile")
     profile = CostProfile.load(path)
     name = path.name.removesuffix(".json")
     return CostProfile(profile.batches, profile.plain, {"name": name, **profile.meta})

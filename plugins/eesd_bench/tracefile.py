@@ -121,13 +121,18 @@ def shipped_traces() -> dict[str, Path]:
     return {p.name.removesuffix(".json.gz"): p for p in sorted(SHIPPED_TRACES.glob("*.json.gz"))}
 
 
-def load_trace(name_or_path: str, allow_stale: bool = False) -> Trace:
-    """A shipped trace by name, or a trace file; stale ones are refused unless ``allow_stale``."""
-    shipped = shipped_traces()
+def shipped_or_file(name_or_path: str, shipped: dict[str, Path], what: str) -> Path:
+    """The shipped file of that name, else that file, else an error listing the shipped names."""
     path = shipped.get(name_or_path, Path(name_or_path))
     if not path.is_file():
         names = ", ".join(shipped) or "none"
-        raise InputError(f"No trace {name_or_path!r}: name a trace file or a shipped trace ({names}).")
+        raise InputError(f"No {what} {name_or_path!r}: name a {what} file or a shipped one ({names}).")
+    return path
+
+
+def load_trace(name_or_path: str, allow_stale: bool = False) -> Trace:
+    """A shipped trace by name, or a trace file; stale ones are refused unless ``allow_stale``."""
+    path = shipped_or_file(name_or_path, shipped_traces(), "trace")
     trace = Trace.load(path)
     if not allow_stale:
         check_fresh(trace, f"The trace {path.name}")
