@@ -5,12 +5,14 @@ Runs the `eesd generate` command of one or two installs (each a Python whose env
 installed, e.g. a virtualenv with another commit's tree) as a new user would: a fresh cache folder
 (``EESD_CACHE_DIR``, so no decisions of earlier processes), the checkpoint given by path, greedy.
 Each repeat runs, per install, a first call in a fresh cache folder, a second call in the same
-folder (which finds the decisions the first left, and may time what the first left undecided)
-and a third with ``EESD_PRODUCTS=standard`` (``F.linear``, nothing timed; an install that does
-not know the variable reads the decisions on disk); the installs take turns. It reads the time
+folder (which finds the decisions the first left, and may time what the first left undecided),
+``--later`` more calls there (what a process pays once the decisions have settled: reading them,
+re-checking them, timing what earlier ones left) and one with ``EESD_PRODUCTS=standard``
+(``F.linear``, nothing timed; an install that does not know the variable reads the decisions on
+disk); the installs take turns. It reads the time
 of the first byte the command writes to stdout (the first token, streamed) and of its exit, and
 keeps what the command wrote to stderr. What the product timing cost is the first call's time to
-the first token less the third's (both load the model and run the same prefill); the table shows
+the first token less the last's (both load the model and run the same prefill); the table shows
 medians over repeats.
 
     python benchmarks/first_call.py --model ~/.cache/eesd/models/smollm2-135m-instruct \\
@@ -83,6 +85,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--later", type=int, default=3, help="calls after the second, in the same folder")
     parser.add_argument("--json", type=Path, default=None, help="also write every run here")
     args = parser.parse_args()
     model = str(Path(args.model).expanduser().resolve())
@@ -92,7 +95,7 @@ def main() -> int:
         order = list(installs) if repeat % 2 == 0 else list(reversed(installs))
         for name in order:
             with tempfile.TemporaryDirectory(prefix="eesd-first-call-") as cache:
-                for call in ("first", "second", "standard"):
+                for call in ("first", "second", *["later"] * args.later, "standard"):
                     print(
                         f"repeat {repeat + 1}/{args.repeats}: {name}, {call} call",
                         file=sys.stderr,
@@ -126,6 +129,7 @@ def main() -> int:
         summary[name] = {
             "first_call_first_token_s": median("first", "first_token_s"),
             "second_call_first_token_s": median("second", "first_token_s"),
+            "later_call_first_token_s": median("later", "first_token_s") if args.later else None,
             "standard_call_first_token_s": median("standard", "first_token_s"),
             "product_timing_s": statistics.median(costs),
             "first_call_total_s": median("first", "total_s"),
@@ -133,7 +137,9 @@ def main() -> int:
         s = summary[name]
         print(
             f"{name:6s} first call: first token {s['first_call_first_token_s']:.1f} s; second call: "
-            f"{s['second_call_first_token_s']:.1f} s; F.linear: {s['standard_call_first_token_s']:.1f} s; "
+            f"{s['second_call_first_token_s']:.1f} s; "
+            + (f"later calls: {s['later_call_first_token_s']:.1f} s; " if args.later else "")
+            + f"F.linear: {s['standard_call_first_token_s']:.1f} s; "
             f"product timing {s['product_timing_s']:.1f} s "
             f"(median of {args.repeats})"
         )

@@ -5,7 +5,8 @@ Several CPU BLAS back-ends multiply a few rows by a matrix row by row. ``(W @ x.
 faster of the two read the weights once a pass instead. Which wins depends on the CPU, the thread
 count, the shapes and the row count, so :class:`CpuProducts` times passes of the model itself at
 its first pass (a prefill, whose time is no round's cost), within a budget, keeps a product only
-where it beats ``F.linear`` clearly twice, and keeps the decisions on disk, re-checked when read.
+where it beats ``F.linear`` clearly twice, and keeps the decisions on disk, re-checked by the
+first process of each boot that reads them.
 Only the order of floating-point sums changes, and the verifier judges whatever p the target
 computes: decoding stays lossless.
 """
@@ -577,15 +578,24 @@ def _still_winning(
 Decision = tuple[bool, tuple[float, float] | None, Product]  # (planned, timings, product)
 
 
+def _boot() -> str | None:
+    """This boot of the machine (Linux's boot id), or None where it cannot be read (decisions
+    read from disk are then re-checked by every process)."""
+    with contextlib.suppress(OSError):
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+    return None
+
+
 @dataclass
 class _Decisions:
     """What is known of one model's passes at one thread count: ``known`` by row count (a bucket
-    for wide passes); ``unchecked``: planned ones read from disk and not re-checked in this
-    process (F.linear here, kept in the file); ``transient``: F.linear in this process only (left
-    untimed by a budget, or dropped at a re-check), never written to disk; ``settled``: the first
-    pass has decided what a generation needs."""
+    for wide passes); ``boots``: the boot in which each was last timed or re-checked;
+    ``unchecked``: planned ones read from disk and not re-checked in this process (F.linear here,
+    kept in the file); ``transient``: F.linear in this process only (left untimed by a budget),
+    never written to disk; ``settled``: the first pass has decided what a generation needs."""
 
     known: dict[int, Decision] = field(default_factory=dict)
+    boots: dict[int, str | None] = field(default_factory=dict)
     unchecked: set[int] = field(default_factory=set)
     transient: set[int] = field(default_factory=set)
     settled: bool = False
@@ -600,14 +610,17 @@ class _Decisions:
 
     def read(self, store: Path | None) -> list[int]:
         """Take the decisions ``store`` holds for row counts not known yet; the planned ones among
-        them (to re-check), in order."""
-        planned = []
-        for m, decision in sorted(_read_decisions(store).items() if store is not None else ()):
-            if m not in self.known:
-                self.known[m] = decision
-                if decision[0]:
-                    self.unchecked.add(m)
-                    planned.append(m)
+        them last timed or re-checked in an earlier boot (to re-check), in order. A product dropped
+        at a re-check in an earlier boot is left out, to be timed afresh."""
+        planned, boots, now = [], {}, _boot()
+        for m, decision in sorted(_read_decisions(store, boots).items() if store is not None else ()):
+            this_boot = now is not None and boots[m] == now
+            if m in self.known or (not this_boot and not decision[0] and decision[1] is None):
+                continue
+            self.known[m], self.boots[m] = decision, boots[m]
+            if decision[0] and not this_boot:
+                self.unchecked.add(m)
+                planned.append(m)
         return planned
 
 
@@ -740,6 +753,7 @@ def _settle(adapter: Any, decisions: _Decisions, group: list[int], budget: float
     wide = [m for m in missing if m > EXACT_ROWS]
     if wide and not onednn_serves(adapter.dtype, adapter.device):
         decisions.known.update({m: (False, None, "onednn") for m in wide})  # nothing to compare with
+        decisions.boots.update(dict.fromkeys(wide, _boot()))
         missing = [m for m in missing if m <= EXACT_ROWS]
     if not runnable_layers(adapter):  # no layer to time on the adapter's device: F.linear here
         decisions.known.update(
@@ -750,7 +764,7 @@ def _settle(adapter: Any, decisions: _Decisions, group: list[int], budget: float
     else:
         changed = _time(adapter, decisions, missing, recheck, budget) or bool(wide)
     if store is not None and changed:
-        _write_decisions(store, decisions.kept())
+        _write_decisions(store, decisions.kept(), decisions.boots)
 
 
 def _time(adapter: Any, decisions: _Decisions, missing: list[int], recheck: list[int], budget: float) -> bool:
@@ -769,11 +783,12 @@ def _time(adapter: Any, decisions: _Decisions, missing: list[int], recheck: list
     deadline = start + budget
     checked = _still_winning(adapter, {m: decisions.known[m][2] for m in recheck}, deadline)
     dropped = [m for m in recheck if m in checked and not checked[m]]
+    boot = _boot()
     for m in checked:
         decisions.unchecked.discard(m)
-    for m in dropped:
+        decisions.boots[m] = boot
+    for m in dropped:  # F.linear until the next boot, whose first process times them afresh
         decisions.known[m] = (False, None, decisions.known[m][2])
-        decisions.transient.add(m)
     unchecked = [m for m in recheck if m not in checked]
     done, left = [], []
     for group, options in (
@@ -787,6 +802,7 @@ def _time(adapter: Any, decisions: _Decisions, missing: list[int], recheck: list
         for m in group:
             if m in plan.timings:
                 decisions.known[m] = (m in plan.rows, plan.timings[m], plan.product(m))
+                decisions.boots[m] = boot
                 done.append(m)
             else:
                 decisions.known[m] = (False, None, "transposed" if m <= EXACT_ROWS else "onednn")
@@ -805,7 +821,7 @@ def _time(adapter: Any, decisions: _Decisions, missing: list[int], recheck: list
     if dropped:
         said.append(
             f"{_passes_over(dropped)} are no longer faster with the product read from disk: "
-            "F.linear for them (a later process times them again)"
+            "F.linear for them until the machine restarts (the first process after that times them again)"
         )
     if unchecked:
         said.append(
@@ -815,7 +831,7 @@ def _time(adapter: Any, decisions: _Decisions, missing: list[int], recheck: list
     if said and (missing or dropped or unchecked):
         what = "timed linear products" if missing else "re-checked the linear products read from disk"
         print(f"eesd: {what} in {_now() - start:.1f} s: {'; '.join(said)}", file=sys.stderr, flush=True)
-    return bool(missing or dropped)
+    return bool(missing or checked)
 
 
 def decisions_dir() -> Path | None:
@@ -849,22 +865,35 @@ def _product_of(kind: Any) -> Product:
     return kind if isinstance(kind, str) else tuple((tuple(s) if s else None, k) for s, k in kind)
 
 
-def _read_decisions(path: Path) -> dict[int, Decision]:
-    """Decisions kept in ``path``; none if it is missing or unreadable (then they are measured)."""
+def _read_decisions(path: Path, boots: dict[int, str | None] | None = None) -> dict[int, Decision]:
+    """Decisions kept in ``path``; none if it is missing or unreadable (then they are measured).
+    ``boots`` receives the boot each was last timed or re-checked in (None where not recorded)."""
+    found: dict[int, Decision] = {}
+    when: dict[int, str | None] = {}
     try:
-        raw = json.loads(path.read_text())
-        return {int(m): (bool(p), tuple(t) if t else None, _product_of(k)) for m, (p, t, k) in raw.items()}
+        for m, (p, t, k, *rest) in json.loads(path.read_text()).items():
+            if len(rest) > 1 or not isinstance(rest[0] if rest else None, str | None):
+                return {}
+            found[int(m)] = (bool(p), tuple(t) if t else None, _product_of(k))
+            when[int(m)] = rest[0] if rest else None
     except (OSError, ValueError, TypeError, AttributeError):
         return {}
+    if boots is not None:
+        boots.update(when)
+    return found
 
 
-def _write_decisions(path: Path, known: dict[int, Decision]) -> None:
-    """Keep ``known`` in ``path``, written whole or not at all; a folder that cannot be written
-    leaves the decisions to this process."""
+def _write_decisions(
+    path: Path, known: dict[int, Decision], boots: dict[int, str | None] | None = None
+) -> None:
+    """Keep ``known`` (and the boot each was decided in) in ``path``, written whole or not at all;
+    a folder that cannot be written leaves the decisions to this process."""
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    boots = boots or {}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        temporary.write_text(json.dumps({str(m): list(decision) for m, decision in sorted(known.items())}))
+        rows = {str(m): [*decision, boots.get(m)] for m, decision in sorted(known.items())}
+        temporary.write_text(json.dumps(rows))
         os.replace(temporary, path)
     except OSError:
         with contextlib.suppress(OSError):

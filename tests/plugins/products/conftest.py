@@ -11,6 +11,16 @@ from eesd_products import products
 from eesd_products.products import EXACT_ROWS, WIDE_ROWS, MatmulPlan
 
 
+class Boot:
+    """The machine's boot as the products see it in a test: ``boot-1`` until ``restarts`` moves on."""
+
+    def __init__(self) -> None:
+        self.restarts = 0
+
+    def __call__(self) -> str:
+        return f"boot-{self.restarts + 1}"
+
+
 @pytest.fixture(autouse=True)
 def own_decisions(tmp_path, monkeypatch: pytest.MonkeyPatch):
     """Each test keeps calibrations in a folder of its own, starts with no decisions in the
@@ -18,6 +28,7 @@ def own_decisions(tmp_path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("EESD_PRODUCTS_DIR", str(tmp_path / "products"))
     monkeypatch.delenv("EESD_PRODUCTS", raising=False)
     monkeypatch.delenv("EESD_PRODUCTS_BUDGET", raising=False)
+    monkeypatch.setattr(products, "_boot", Boot())
     products._DECISIONS.clear()
     yield tmp_path / "products"
     products._DECISIONS.clear()

@@ -42,6 +42,12 @@ def new_process() -> None:
     products._DECISIONS.clear()
 
 
+def new_boot() -> None:
+    """A restart of the machine (the conftest's ``Boot``), then a new process."""
+    products._boot.restarts += 1  # type: ignore[attr-defined]
+    new_process()
+
+
 def test_the_first_pass_decides_one_to_nine_and_the_wide_buckets_and_a_wider_short_one_what_it_adds(
     fake_calibration,
 ) -> None:  # noqa: ANN001
@@ -82,7 +88,8 @@ def test_a_wide_pass_takes_its_buckets_decision(fake_calibration) -> None:  # no
 )
 def test_wide_buckets_are_timed_once_kept_and_read(monkeypatch, kinds, own_decisions) -> None:  # noqa: ANN001
     """Under a clock where a pass through oneDNN costs half a pass through F.linear, every bucket
-    is decided for oneDNN, kept on disk, and read (and re-checked) by a later process."""
+    is decided for oneDNN, kept on disk with the boot it was timed in, read by a later process,
+    and re-checked by the first process after a restart."""
     now = [0.0]
 
     def clock() -> float:
@@ -95,12 +102,18 @@ def test_wide_buckets_are_timed_once_kept_and_read(monkeypatch, kinds, own_decis
     model = make_tiny("llama", 6, dtype=torch.float32)
     assert ask(model, 40, 600) == [products.linear_of("onednn")] * 2
     assert {m: kept(own_decisions)[str(m)] for m in WIDE_ROWS} == {
-        m: [True, [2.0, 1.0], "onednn"] for m in WIDE_ROWS
+        m: [True, [2.0, 1.0], "onednn", "boot-1"] for m in WIDE_ROWS
     }
     new_process()
     timed: list = []
     monkeypatch.setattr(products, "calibrate", lambda *args, **options: timed.append(args))
+    before = now[0]
     assert ask(model, 20) == [products.linear_of("onednn")] and timed == []
+    assert now[0] == before, "nothing is re-checked in the boot that timed them"
+    new_boot()
+    assert ask(model, 20) == [products.linear_of("onednn")] and timed == []
+    assert now[0] > before, "the first process after a restart re-checks them"
+    assert {kept(own_decisions)[str(m)][3] for m in WIDE_ROWS} == {"boot-2"}
 
 
 def test_wide_passes_keep_f_linear_where_onednn_does_not_serve(monkeypatch, fake_calibration) -> None:  # noqa: ANN001
@@ -164,13 +177,39 @@ def test_an_unreadable_file_is_measured_again_and_replaced(fake_calibration, own
     model = make_tiny("llama", 4, dtype=torch.float32)
     ask(model, 2)
     (path,) = own_decisions.glob("*.json")
-    for broken in ('{"1": [true, ', '["not", "a", "table"]', '{"x": 1}', "null", '{"1": null}'):
+    broken_files = ('{"1": [true, ', '["not", "a", "table"]', '{"x": 1}', "null", '{"1": null}')
+    for broken in (*broken_files, '{"1": [true, [2.0, 1.0], "transposed", 5]}'):
         path.write_text(broken)
         new_process()
         ask(model, 2)
         assert json.loads(path.read_text()).keys() == {str(m) for m in SHORT + WIDE}
-    assert fake_calibration.asked == [SHORT, WIDE] * 6
+    assert fake_calibration.asked == [SHORT, WIDE] * 7
     assert [p.name for p in own_decisions.iterdir()] == [path.name], "no temporary file is left"
+
+
+def test_decisions_kept_without_their_boot_are_rechecked(
+    monkeypatch,
+    fake_calibration,
+    own_decisions,  # noqa: ANN001
+) -> None:
+    """A file of the earlier layout (three fields a row, no boot): its products are re-checked
+    by the first process that reads it, which then keeps the boot beside each."""
+    model = make_tiny("llama", 4, dtype=torch.float32)
+    store = products._store_file(find_adapter(model))
+    assert store is not None
+    store.parent.mkdir(parents=True)
+    rows = {str(m): [m == 2, [2.0, 1.0 if m == 2 else 2.0], "transposed"] for m in SHORT}
+    store.write_text(json.dumps(rows | {str(m): [False, [2.0, 2.0], "onednn"] for m in WIDE}))
+    checked: list[list[int]] = []
+
+    def rechecking(adapter, chosen, deadline):  # noqa: ANN001, ANN202
+        checked.append(sorted(chosen))
+        return dict.fromkeys(chosen, True)
+
+    monkeypatch.setattr(products, "_still_winning", rechecking)
+    assert ask(model, 2) == [products.linear_of("transposed")]
+    assert checked == [[2]] and fake_calibration.asked == []
+    assert kept(own_decisions)["2"] == [True, [2.0, 1.0], "transposed", "boot-1"]
 
 
 def test_decisions_stay_in_the_process_when_asked_or_when_the_folder_is_not_writable(
@@ -438,6 +477,8 @@ def test_kept_choices_are_rechecked_at_the_first_pass_and_dropped_if_they_are_no
     fake_calibration.wins = {1: "transposed", 2: "transposed"}
     ask(model, 1)
     new_process()
+    assert ask(model, 1, 2) == [products.linear_of("transposed")] * 2
+    new_boot()
     capsys.readouterr()
     checked: list[list[int]] = []
 
@@ -457,10 +498,11 @@ def test_kept_choices_are_rechecked_at_the_first_pass_and_dropped_if_they_are_no
     adapter = find_adapter(model)
     with torch.no_grad():
         chosen = [adapter.products.product(m) for m in (5, 1, 2, 1)]
-    assert checked == [[1, 2]], "one re-check of both, at the first pass"
+    assert checked == [[1, 2]], "one re-check of both, at the first pass after a restart"
     transposed = products.linear_of("transposed")
     assert chosen == ([None, transposed, transposed, transposed] if still else [None] * 4)
-    assert ("1" in kept(own_decisions)) == ("2" in kept(own_decisions)) == still
+    assert kept(own_decisions)["1"][0] == kept(own_decisions)["2"][0] == still
+    assert kept(own_decisions)["1"][3] == "boot-2", "kept with the boot that re-checked it"
     err = capsys.readouterr().err.splitlines()
     if still:
         assert err == []
@@ -468,14 +510,14 @@ def test_kept_choices_are_rechecked_at_the_first_pass_and_dropped_if_they_are_no
     assert len(err) == 1 and err[0].startswith("eesd: re-checked the linear products read from disk in ")
     assert err[0].endswith(
         "s: passes over 1-2 positions are no longer faster with the product read from disk: F.linear "
-        "for them (a later process times them again)"
-    )
-    assert adapter.products.describe().endswith(
-        "F.linear in this process, not timed, for passes over 1-2 positions"
+        "for them until the machine restarts (the first process after that times them again)"
     )
     new_process()
+    assert ask(model, 1, 2) == [None, None] and fake_calibration.asked == [SHORT, WIDE]
+    assert checked == [[1, 2]], "a later process of the same boot neither re-checks nor times them"
+    new_boot()
     ask(model, 1)
-    assert fake_calibration.asked == [SHORT, WIDE, [1, 2]], "a later process decides them afresh"
+    assert fake_calibration.asked == [SHORT, WIDE, [1, 2]], "the first process after a restart times them"
 
 
 def test_a_recheck_is_one_sweep_and_what_the_budget_leaves_unchecked_keeps_f_linear_and_its_file(
@@ -558,7 +600,7 @@ def test_a_third_repeat_times_only_the_row_counts_whose_passes_are_not_clearly_a
     got = ask(model, 1, 2, 3, 4)
     assert swept == [1, *[1, 1, 2, 2, 3, 3, 4, 4], *[4, 4, 3, 3, 2, 2, 1, 1], 1, 1]
     assert got == [None, *[products.linear_of("transposed")] * 3]
-    assert "1" not in kept(own_decisions) and all(kept(own_decisions)[str(m)][0] for m in range(2, 5))
+    assert not kept(own_decisions)["1"][0] and all(kept(own_decisions)[str(m)][0] for m in range(2, 5))
 
 
 # -- layers a proposer moved off the device ------------------------------------------------------
@@ -613,7 +655,7 @@ def test_with_no_layer_on_the_device_nothing_is_timed(monkeypatch, own_decisions
     with torch.no_grad():
         assert [adapter.products.product(m) for m in [*SHORT, 40, 600]] == [None] * 11
     assert layers == [] and capsys.readouterr().err == ""
-    assert kept(own_decisions) == {"1": [True, [2.0, 1.0], "transposed"]}, "the file is left as it was"
+    assert kept(own_decisions) == {"1": [True, [2.0, 1.0], "transposed", None]}, "the file is left as it was"
     assert products.calibrate(adapter, 3).timings == {}
     described = adapter.products.describe()
     assert "not timed, for passes over 2-9, 17-512 and more positions" in described
