@@ -215,13 +215,17 @@ TWO_TREES_COLUMNS = ["prompts x repeats x tokens", "this tree / other tree, medi
 
 def first_call_row(r: Result) -> list[str]:
     s = r.data["summary"]
-    return [
-        " / ".join(f"{s[i][key]:.1f} s" for i in ("this", "other") if i in s)
-        for key in ("first_call_first_token_s", "second_call_first_token_s", "standard_call_first_token_s")
-    ]
+    keys = ("first_call_first_token_s", "second_call_first_token_s", "later_call_first_token_s")
+
+    def cell(key: str) -> str:
+        return " / ".join(
+            "-" if s[i].get(key) is None else f"{s[i][key]:.1f} s" for i in ("this", "other") if i in s
+        )
+
+    return [cell(key) for key in (*keys, "standard_call_first_token_s")]
 
 
-FIRST_CALL_COLUMNS = ["first call, first token", "second call", 'products="standard"']
+FIRST_CALL_COLUMNS = ["first call, first token", "second call", "later calls", 'products="standard"']
 
 
 # benchmarks/round_overhead.py

@@ -49,7 +49,7 @@ CPU_ONLY_MEMORY = (
 )
 DEFAULT_SIZES = (1, 4, 16)
 DEFAULT_METHODS = ("hf", "eesd_plain", "eesd_default")
-BATCHED_KINDS = ("hf", "eesd")
+BATCHED_KINDS = ("hf", "hf_static", "eesd")
 WARMUP_TOKENS = 8
 
 
@@ -89,7 +89,7 @@ def add_batch(sub: Any) -> None:
         nargs="+",
         default=list(DEFAULT_METHODS),
         metavar="METHOD",
-        help="hf and eesd presets or specs (see eesd_bench.methods); others cannot run batched",
+        help="hf, hf_static and eesd presets or specs (see eesd_bench.methods); others cannot run batched",
     )
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3, help="timed calls per method and batch size")
@@ -186,10 +186,12 @@ class BatchOutput:
 
 
 class HFBatch:
-    """transformers' batched greedy ``generate()``; every row comes back when the call returns."""
+    """transformers' batched greedy ``generate()``; every row comes back when the call returns.
+    ``options`` are more of its keywords (a static cache's)."""
 
-    def __init__(self, model: Any, pad: int) -> None:
+    def __init__(self, model: Any, pad: int, options: dict[str, Any] | None = None) -> None:
         self.model, self.pad, self.eos = model, pad, eos_ids(model)
+        self.options = dict(options or {})
 
     def run(self, ids: Any, mask: Any, max_new_tokens: int) -> BatchOutput:
         ids, mask = ids.to(self.model.device), mask.to(self.model.device)
@@ -201,6 +203,7 @@ class HFBatch:
             max_new_tokens=max_new_tokens,
             pad_token_id=self.pad,
             eos_token_id=self.eos or None,
+            **self.options,
         )
         if out.device.type == "cuda":  # the clock stops when the GPU's work is done, as eesd's does
             import torch
@@ -262,12 +265,14 @@ def batched_methods(texts: list[str], registered: dict[str, list[str]]) -> tuple
     kept = [s for s in specs if s.kind in BATCHED_KINDS]
     notes += [f"{s.name}: skipped, {s.kind} runs one row at a time" for s in specs if s not in kept]
     if not kept:
-        raise ConfigError(f"None of {texts} runs batched: use hf or eesd methods.")
+        raise ConfigError(f"None of {texts} runs batched: use hf, hf_static or eesd methods.")
     return kept, notes
 
 
 def build(spec: MethodSpec, model: Any, settings: Any, pad: int) -> HFBatch | EesdBatch:
-    return HFBatch(model, pad) if spec.kind == "hf" else EesdBatch(model, spec, settings, pad)
+    if spec.kind == "eesd":
+        return EesdBatch(model, spec, settings, pad)
+    return HFBatch(model, pad, spec.generation_options())
 
 
 # -- measuring --------------------------------------------------------------------------------------

@@ -11,6 +11,10 @@ A spec is ``KIND`` or ``KIND:key=value,...`` with KIND one of
   20, ``constant``, 0.4);
 - ``hf_prompt_lookup``: transformers' ``generate(prompt_lookup_num_tokens=k)``; keys ``k`` (default
   10, as transformers' docs suggest) and ``max_ngram`` (its ``max_matching_ngram_size``, default 2);
+- ``hf_static``: transformers' ``generate(cache_implementation="static")``, plain decoding on a
+  cache allocated once, which transformers compiles (``torch.compile``, its ``CompileConfig``) where
+  it would on its own (GPUs); key ``compile``: ``auto`` (that rule, the default), ``true`` (compile
+  on any device, CPUs included) or ``false`` (never);
 - ``eesd``: a :class:`~eesd_core.engine.SpeculativeDecoder`; keys ``drafter`` (``none`` for plain
   decoding), ``controller``, ``verifier``, ``max_draft_tokens``, ``products`` (how the model
   adapter's linear layers multiply: ``auto``, ``standard``, ``transposed`` or ``onednn``) and ``skip_padding``
@@ -32,7 +36,7 @@ from typing import Any
 
 from eesd_core.errors import ConfigError
 
-KINDS = ("hf", "hf_early_exit", "hf_assisted", "hf_prompt_lookup", "eesd", "oracle")
+KINDS = ("hf", "hf_early_exit", "hf_assisted", "hf_prompt_lookup", "hf_static", "eesd", "oracle")
 DECODER_KEYS = ("drafter", "controller", "verifier", "max_draft_tokens")
 ASSISTANT_SCHEDULES = ("constant", "heuristic", "heuristic_transient")
 HF_KEYS: dict[str, tuple[str, ...]] = {
@@ -44,6 +48,7 @@ HF_KEYS: dict[str, tuple[str, ...]] = {
         "assistant_confidence_threshold",
     ),
     "hf_prompt_lookup": ("k", "max_ngram"),
+    "hf_static": ("compile",),
 }
 
 PRESETS: dict[str, str] = {
@@ -51,6 +56,8 @@ PRESETS: dict[str, str] = {
     "hf_early_exit": "hf_early_exit",
     "hf_assisted": "hf_assisted",
     "hf_prompt_lookup": "hf_prompt_lookup",
+    "hf_static": "hf_static",
+    "hf_compiled": "hf_static:compile=true",
     "eesd_plain": "eesd:drafter=none",
     "eesd_plain_standard": "eesd:drafter=none,products=standard",
     "eesd_default_standard": "eesd:products=standard",
@@ -128,10 +135,13 @@ class MethodSpec:
         return kwargs
 
     def generation_options(self) -> dict[str, Any]:
-        """Checked ``GenerationConfig`` keywords of an ``hf_prompt_lookup`` or ``hf_assisted`` spec.
+        """Checked ``GenerationConfig`` keywords of an ``hf_prompt_lookup``, ``hf_static`` or
+        ``hf_assisted`` spec.
 
         transformers reads those of ``hf_assisted`` from the draft model's own generation config.
         """
+        if self.kind == "hf_static":
+            return self._static_options()
         if self.kind == "hf_prompt_lookup":
             return {
                 "prompt_lookup_num_tokens": self._whole("k", 10),
@@ -147,6 +157,24 @@ class MethodSpec:
         if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not 0 <= threshold <= 1:
             raise ConfigError(f"Method {self.name!r}: assistant_confidence_threshold is a number in [0, 1].")
         return dict(self.options)
+
+    def _static_options(self) -> dict[str, Any]:
+        from transformers import CompileConfig
+
+        choice = self.options.get("compile", "auto")
+        if choice != "auto" and not isinstance(choice, bool):
+            raise ConfigError(f"Method {self.name!r}: compile is auto, true or false, not {choice!r}.")
+        if choice is False:
+            return {"cache_implementation": "static", "disable_compile": True}
+        config = CompileConfig()
+        if choice is True:
+            config._compile_all_devices = True  # transformers' own switch for compiling off GPUs
+        return {"cache_implementation": "static", "compile_config": config}
+
+    def compiles(self) -> bool | None:
+        """Whether an ``hf_static`` spec compiles: True, False, or None (transformers' rule)."""
+        choice = self.options.get("compile", "auto")
+        return None if choice == "auto" else bool(choice)
 
     def _whole(self, key: str, default: int) -> int:
         value = self.options.get(key, default)

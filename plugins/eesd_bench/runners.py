@@ -8,6 +8,7 @@ does, so that no method is timed by its own clock. All runners share one loaded 
 from __future__ import annotations
 
 import copy
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -131,7 +132,7 @@ class HFRunner:
 
     Plain, or with ``assistant_early_exit`` (``exit_layer``), a separate draft model
     (``assistant``, whose generation config gets ``assistant_options``) or other
-    ``GenerationConfig`` keywords (``options``: prompt lookup's).
+    ``GenerationConfig`` keywords (``options``: prompt lookup's, a static cache's).
     """
 
     def __init__(
@@ -149,6 +150,11 @@ class HFRunner:
         self.assistant = assistant
         self.base_config = getattr(model, model.base_model_prefix).config
         self.num_layers = self.base_config.num_hidden_layers
+        compiled = self.options.get("compile_config")
+        # transformers compiles a static cache's forward on GPUs, elsewhere only when told to
+        self.compiles = compiled is not None and (
+            model.device.type in ("cuda", "xpu") or bool(compiled._compile_all_devices)
+        )
         if assistant is not None:
             check_assistant(model, assistant)
             # transformers writes the "heuristic" schedule's draft length back into this config:
@@ -192,6 +198,14 @@ class HFRunner:
         def count(module: Any, args: Any) -> None:
             passes[0] += self.base_config.num_hidden_layers == self.num_layers
 
+        if self.compiles:
+            print(
+                "eesd bench: transformers compiles the model's forward (torch.compile) at its first "
+                "calls of each shape; on a CPU this can take minutes",
+                file=sys.stderr,
+                flush=True,
+            )
+            self.compiles = False
         hook = self.model.register_forward_pre_hook(count)
         torch.manual_seed(seed)
         try:
@@ -266,7 +280,7 @@ def build_runner(
         return HFRunner(model)
     if spec.kind == "hf_early_exit":
         return HFRunner(model, spec.options.get("exit_layer") or resolve_exit_layer(model, settings))
-    if spec.kind == "hf_prompt_lookup":
+    if spec.kind in ("hf_prompt_lookup", "hf_static"):
         return HFRunner(model, options=spec.generation_options())
     if spec.kind == "hf_assisted":
         options = spec.generation_options()

@@ -248,3 +248,58 @@ def test_the_memory_probe_loads_the_draft_model_from_the_settings(checkpoints) -
         "settings": asdict(settings),
     }
     assert probe(request)["new_tokens"] == 6
+
+
+# -- transformers' static cache, compiled where it compiles --------------------------------------
+
+
+def test_static_takes_compile_auto_true_or_false() -> None:
+    auto = parse_method("hf_static")
+    assert auto.kind == "hf_static" and auto.plugins() == [] and auto.compiles() is None
+    options = auto.generation_options()
+    assert options["cache_implementation"] == "static" and not options["compile_config"]._compile_all_devices
+    forced = parse_method("hf_compiled")
+    assert forced.options == {"compile": True} and forced.compiles() is True
+    assert forced.generation_options()["compile_config"]._compile_all_devices
+    never = parse_method("hf_static:compile=false")
+    assert never.generation_options() == {"cache_implementation": "static", "disable_compile": True}
+
+
+@pytest.mark.parametrize("text", ["hf_static:compile=1", "hf_static:compile=yes", "hf_static:compile=none"])
+def test_a_compile_that_is_not_auto_true_or_false_is_refused(text: str) -> None:
+    with pytest.raises(ConfigError, match="compile is auto, true or false"):
+        parse_method(text).generation_options()
+
+
+@pytest.mark.parametrize("text", ["hf_static", "hf_static:compile=false"])
+def test_static_greedy_equals_plain_generate_and_says_nothing_where_it_does_not_compile(
+    target, text: str, capsys
+) -> None:  # noqa: ANN001
+    runner = build_runner(parse_method(text), target, GREEDY)
+    assert not runner.compiles, "transformers does not compile on a CPU unless told to"
+    for prompt in (PROMPT, PROMPT[:5]):  # a shorter prompt after a longer one reuses the cache
+        out = runner.generate(prompt, GREEDY, seed=0)
+        assert out.tokens == _plain(target, prompt) and out.stats == {"rounds": MAX_NEW}
+    assert capsys.readouterr().err == ""
+
+
+def test_static_runs_batched_and_each_row_equals_plain_generate(target) -> None:  # noqa: ANN001
+    from eesd_bench.batch import build
+
+    specs, notes = batched_methods(["hf_static", "hf_prompt_lookup"], REGISTERED)
+    assert [s.name for s in specs] == ["hf_static"] and "hf_prompt_lookup" in notes[0]
+    runner = build(specs[0], target, GREEDY, pad=0)
+    ids = torch.tensor([[0, 0, 0, *PROMPT[:9]], PROMPT])
+    mask = (torch.arange(12) >= torch.tensor([[3], [0]])).long()
+    rows = runner.run(ids, mask, MAX_NEW).rows
+    assert rows[1] == _plain(target) and rows[0] == _plain(target, PROMPT[:9])
+
+
+@pytest.mark.slow
+def test_compiled_on_a_cpu_says_so_once_and_gives_plain_generates_tokens(target, capsys) -> None:  # noqa: ANN001
+    runner = build_runner(parse_method("hf_compiled"), target, GREEDY)
+    assert runner.compiles
+    first, again = runner.generate(PROMPT, GREEDY, seed=0), runner.generate(PROMPT, GREEDY, seed=0)
+    assert first.tokens == again.tokens == _plain(target)
+    err = capsys.readouterr().err
+    assert err.count("transformers compiles the model's forward (torch.compile)") == 1
