@@ -120,14 +120,18 @@ def add_costs(sub: Any) -> None:
         help="time a model's draft steps, verification passes and plain steps on this machine",
         description=plain_text(
             """Write a cost profile: a draft step, verification of 1 .. K + 1 positions and a plain
-decoding step of this model on this machine, at batch size 1, with the machine, model shape,
-precision and date. `eesd controllers evaluate --profiles FILE` prices replayed rounds with it."""
+decoding step of this model on this machine, at each batch size asked (every row of a batch
+drafting alike), with the machine, model shape, precision and date. `eesd controllers evaluate
+--profiles FILE [--batch-size B]` prices replayed rounds with it."""
         ),
         formatter_class=DefaultsFormatter,
     )
     add_decoder_arguments(measure)
     measure.add_argument("--cycles", type=int, default=4, help="rounds of each k timed (after one warm-up)")
     measure.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    measure.add_argument(
+        "--batch-sizes", type=int, nargs="+", default=[1], help="the batch sizes to time (rows of one prompt)"
+    )
     measure.add_argument("--note", default="", help="a remark kept in the profile's source")
     measure.add_argument("--out", required=True, help="profile file to write (.json)")
     measure.set_defaults(func=run_measure, controller="fixed")
@@ -176,14 +180,16 @@ def run_measure(args: argparse.Namespace) -> int:
     )
     prompt = encode_prompt(decoder.tokenizer, own_code_prompts()[0])
     meta = machine_meta(decoder, Path(args.model).name, args.note)
-    profile = measure_profile(decoder, plain, prompt, meta, args.cycles, say)
+    profile = measure_profile(decoder, plain, prompt, meta, args.cycles, say, args.batch_sizes)
     profile.save(args.out)
-    costs = profile.at(1)
-    print(
-        f"wrote {args.out}: plain step {1000 * profile.plain_step(1):.1f} ms, draft step "
-        f"{1000 * costs.draft_step:.1f} ms, verify 1 .. {len(costs.verify)} positions "
-        f"{1000 * costs.verify[0]:.1f} .. {1000 * costs.verify[-1]:.1f} ms"
-    )
+    print(f"wrote {args.out}")
+    for size in sorted(profile.batches):
+        costs = profile.at(size)
+        print(
+            f"  batch size {size}: plain step {1000 * profile.plain_step(size):.1f} ms, draft step "
+            f"{1000 * costs.draft_step:.1f} ms, verify 1 .. {len(costs.verify)} positions "
+            f"{1000 * costs.verify[0]:.1f} .. {1000 * costs.verify[-1]:.1f} ms"
+        )
     return 0
 
 

@@ -95,11 +95,13 @@ def load_profile(name_or_path: str) -> CostProfile:
     return CostProfile(profile.batches, profile.plain, {"name": name, **profile.meta})
 
 
-def measure_plain_step(plain_decoder: Any, prompt: Sequence[int], steps: int) -> float:
-    """Median seconds between tokens of a plain decoder's greedy stream (the prefill left out)."""
+def measure_plain_step(plain_decoder: Any, prompt: Sequence[int], steps: int, batch_size: int = 1) -> float:
+    """Median seconds between the rounds of a plain decoder's greedy stream of ``batch_size``
+    copies of ``prompt`` (the prefill left out)."""
     times: list[float] = []
+    asked = list(prompt) if batch_size == 1 else [list(prompt)] * batch_size
     last = time.perf_counter()
-    for i, _ in enumerate(plain_decoder.stream(list(prompt), max_new_tokens=steps + 1, eos_token_id=[])):
+    for i, _ in enumerate(plain_decoder.stream(asked, max_new_tokens=steps + 1, eos_token_id=[])):
         now = time.perf_counter()
         if i:
             times.append(now - last)
@@ -114,17 +116,25 @@ def measure_profile(
     meta: Mapping[str, Any],
     cycles: int = 4,
     say: Callable[[str], None] = lambda line: None,
+    batch_sizes: Sequence[int] = (1,),
 ) -> CostProfile:
-    """Batch size 1 on this machine: the drafter's costs by k (:func:`measure_costs`, cycling k
-    through 0 .. K) and a plain decoder's step, the two interleaved twice and the lower kept."""
-    models, plains = [], []
-    for attempt in range(2):
-        say(f"timing rounds with k = 0 .. {decoder.config.max_draft_tokens} ({attempt + 1}/2)")
-        models.append(measure_costs(decoder, prompt, cycles))
-        say(f"timing plain decoding steps ({attempt + 1}/2)")
-        plains.append(measure_plain_step(plain_decoder, prompt, 8 * cycles))
-    costs = min(models, key=lambda c: sum(c.round_time(k) for k in range(len(c.verify))))
-    return CostProfile({1: costs}, {1: min(plains)}, dict(meta))
+    """Each of ``batch_sizes`` on this machine: the drafter's costs by k (:func:`measure_costs`,
+    cycling k through 0 .. K, every row alike) and a plain decoder's step, the two interleaved
+    twice and the lower kept."""
+    if not batch_sizes or min(batch_sizes) < 1:
+        raise InputError(f"A cost profile needs batch sizes of at least 1, not {list(batch_sizes)}.")
+    batches, plain = {}, {}
+    for size in sorted(set(batch_sizes)):
+        models, plains = [], []
+        for attempt in range(2):
+            at = f"batch size {size}, " if size > 1 or len(batch_sizes) > 1 else ""
+            say(f"timing rounds with k = 0 .. {decoder.config.max_draft_tokens} ({at}{attempt + 1}/2)")
+            models.append(measure_costs(decoder, prompt, cycles, size))
+            say(f"timing plain decoding steps ({at}{attempt + 1}/2)")
+            plains.append(measure_plain_step(plain_decoder, prompt, 8 * cycles, size))
+        batches[size] = min(models, key=lambda c: sum(c.round_time(k) for k in range(len(c.verify))))
+        plain[size] = min(plains)
+    return CostProfile(batches, plain, dict(meta))
 
 
 def machine_meta(decoder: Any, model_name: str, note: str = "") -> dict[str, Any]:

@@ -185,22 +185,25 @@ def _position(data: Mapping[str, Any]) -> Position:
 
 
 class _Recorder:
-    """Controller that drafts as much as allowed (or cycles k) and keeps every round's outcome."""
+    """Controller that drafts as much as allowed (or cycles k round by round, every row of a round
+    alike) and keeps every round's outcome."""
 
     def __init__(self, cycle: int | None = None) -> None:
         self.cycle = cycle
         self.outcomes: list[RoundOutcome] = []
+        self.rounds = 0  # rounds begun
+        self.k = 0  # this round's drafts, when cycling
 
     def start(self, request: Request) -> None:
         return None
 
     def begin_round(self, state: None, round: RoundStart) -> None:
-        pass
+        if self.cycle is not None:
+            self.k = self.rounds % (self.cycle + 1)
+        self.rounds += 1
 
     def should_continue(self, state: None, step: DraftStep) -> bool:
-        if self.cycle is None:
-            return True
-        return step.index < len(self.outcomes) % (self.cycle + 1)
+        return self.cycle is None or step.index < self.k
 
     def update(self, state: None, outcomes: Sequence[RoundOutcome]) -> None:
         self.outcomes.extend(outcomes)
@@ -221,15 +224,17 @@ class _OneToken:
 
 
 def _recorded(
-    decoder: Any, controller: Any, prompt: Sequence[int], **settings: Any
+    decoder: Any, controller: Any, prompt: Sequence[int], rows: int = 1, **settings: Any
 ) -> tuple[Generation, _OneToken]:
-    """One greedy generation of ``prompt`` by ``decoder``'s engine, ``controller`` deciding and one
-    target token committed per round; the decoder itself is left as it is."""
-    prompt = list(prompt)
-    checked = decoder.stream(prompt, temperature=0.0, **settings)  # the decoder's checks and defaults
+    """One greedy generation of ``prompt`` (in each of ``rows`` rows) by ``decoder``'s engine,
+    ``controller`` deciding and one target token committed per round; the decoder itself is left
+    as it is."""
+    prompts = [list(prompt)] * rows
+    asked = prompts[0] if rows == 1 else prompts
+    checked = decoder.stream(asked, temperature=0.0, **settings)  # the decoder's checks and defaults
     verifier = _OneToken(decoder.verifier)
     parts = dataclasses.replace(decoder.parts(), controller=controller, verifier=verifier, withdraws=False)
-    generation = Generation(parts, [prompt], checked.config, checked.rngs, single=True)
+    generation = Generation(parts, prompts, checked.config, checked.rngs, single=rows == 1)
     for _ in generation:
         pass
     return generation, verifier
@@ -255,8 +260,9 @@ def record_prompt(decoder: Any, prompt: Sequence[int], max_new_tokens: int) -> P
     return PromptTrace(len(prompt), tokens, tuple(positions[: len(tokens)]))
 
 
-def measure_costs(decoder: Any, prompt: Sequence[int], cycles: int = 4) -> CostModel:
-    """Median propose and verify times per k over ``cycles`` rounds of each k = 0 .. K.
+def measure_costs(decoder: Any, prompt: Sequence[int], cycles: int = 4, batch_size: int = 1) -> CostModel:
+    """Median propose and verify times per k over ``cycles`` rounds of each k = 0 .. K, every row of
+    a batch of ``batch_size`` copies of ``prompt`` drafting k (a round's times are the batch's).
 
     The first cycle warms up and is left out. ``draft_step`` is the least-squares slope of the
     proposal time over k, ``propose_base`` its intercept; a k the drafter never reached (it may
@@ -265,8 +271,8 @@ def measure_costs(decoder: Any, prompt: Sequence[int], cycles: int = 4) -> CostM
     k_max = decoder.config.max_draft_tokens
     recorder = _Recorder(cycle=k_max)
     rounds = (cycles + 1) * (k_max + 1)
-    _recorded(decoder, recorder, prompt, max_new_tokens=rounds + k_max + 1, eos_token_id=[])
-    kept = recorder.outcomes[k_max + 1 : rounds]
+    _recorded(decoder, recorder, prompt, batch_size, max_new_tokens=rounds + k_max + 1, eos_token_id=[])
+    kept = [o for o in recorder.outcomes if o.row == 0][k_max + 1 : rounds]
     by_k = {k: [o for o in kept if o.drafted == k] for k in range(k_max + 1)}
     propose = {k: statistics.median(o.draft_time for o in got) for k, got in by_k.items() if got}
     verify = {k: statistics.median(o.verify_time for o in got) for k, got in by_k.items() if got}

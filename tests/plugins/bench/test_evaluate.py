@@ -284,3 +284,37 @@ def test_record_measure_and_evaluate_end_to_end(checkpoint, tmp_path, capsys):
     assert main(evaluate_args) == 0
     out = capsys.readouterr().out
     assert "coding" in out and "own_code" in out and "thompson" in out
+
+
+def test_a_profile_holds_every_batch_size_asked_and_prices_a_leaderboard_at_each(checkpoint, tmp_path, capsys):
+    model = ["--model", str(checkpoint), "--products", "standard", "--max-draft-tokens", "2"]
+    model += ["--drafter-options", '{"exit_layer": 2, "head": null}']
+    profile_file = str(tmp_path / "p.json")
+    measure = ["costs", "measure", *model, "--cycles", "1", "--batch-sizes", "1", "3", "--out", profile_file]
+    assert main(measure) == 0
+    out, err = capsys.readouterr()
+    assert "batch size 3, 1/2" in err and "  batch size 1: plain step" in out and "  batch size 3: plain step" in out
+    profile = CostProfile.load(profile_file)
+    assert sorted(profile.batches) == [1, 3] and sorted(profile.plain) == [1, 3]
+    for size in (1, 3):
+        assert len(profile.at(size).verify) == 3 and profile.plain_step(size) > 0
+    assert CostProfile.from_dict(profile.to_dict()).batches == profile.batches
+    with pytest.raises(InputError, match="no batch size 2"):
+        profile.at(2)
+    assert main(["costs", "measure", *model, "--batch-sizes", "0", "--out", profile_file]) == 1
+    assert "batch sizes of at least 1" in capsys.readouterr().err
+
+
+def test_measured_costs_cycle_k_alike_in_every_row(tiny):
+    """Rounds of a batch of three copies of one prompt: each round drafts the same k in every row,
+    k cycling 0, 1, 2, 0, ... (until the last tokens leave no room for drafts); one outcome per row
+    and round."""
+    from eesd_bench.trace import _recorded, _Recorder
+
+    dec = SpeculativeDecoder(tiny(seed=3), drafter_options={"exit_layer": 3}, max_draft_tokens=2)
+    recorder = _Recorder(cycle=2)
+    _recorded(dec, recorder, [1, 5, 7, 9], 3, max_new_tokens=12, eos_token_id=[])
+    by_round = [recorder.outcomes[i : i + 3] for i in range(0, len(recorder.outcomes), 3)]
+    assert len(by_round) == recorder.rounds == 11, "one token a round after the prefill's"
+    assert [o.row for o in recorder.outcomes] == [0, 1, 2] * recorder.rounds
+    assert [[o.drafted for o in r] for r in by_round[:9]] == [[r % 3] * 3 for r in range(9)]
