@@ -215,7 +215,7 @@ TWO_TREES_COLUMNS = ["prompts x repeats x tokens", "this tree / other tree, medi
 
 def first_call_row(r: Result) -> list[str]:
     s = r.data["summary"]
-    keys = ("first_call_first_token_s", "second_call_first_token_s", "later_call_first_token_s")
+    keys = ("first_call_first_token_s", "second_call_first_token_s", "last_call_first_token_s")
 
     def cell(key: str) -> str:
         return " / ".join(
@@ -225,7 +225,7 @@ def first_call_row(r: Result) -> list[str]:
     return [cell(key) for key in (*keys, "standard_call_first_token_s")]
 
 
-FIRST_CALL_COLUMNS = ["first call, first token", "second call", "later calls", 'products="standard"']
+FIRST_CALL_COLUMNS = ["first call, first token", "second call", "last call", 'products="standard"']
 
 
 # benchmarks/round_overhead.py

@@ -13,16 +13,20 @@ Loads SmolLM2-135M-Instruct once and, in one process, times greedy decoding with
   verified, so ``default/keep_all`` is what taking doubtful drafts back (and looking) gains.
 
 Methods are interleaved over prompts and repeats (the order rotates) so that drifts in machine
-load fall on all of them; each method is warmed up once before timing. Every eesd output is
-checked token for token against transformers'. The table gives median tokens per second per
-method and, per prompt, the median over repeats of speed ratios paired within a repeat (the same
-prompt, back to back); the summary gives the medians over prompts of default/plain,
+load fall on all of them; each method is warmed up once before timing. With ``--interleave
+rounds`` the eesd methods of a prompt run in lockstep instead, one round each in turn (the order
+rotating), each timed round by round: a drift of the machine then falls on all of them within the
+time of a round, not of a whole generation (transformers' ``generate()`` still runs whole).
+Every eesd output is checked token for token against transformers'. The table gives median
+tokens per second per method and, per prompt, the median over repeats of speed ratios paired within
+a repeat (the same prompt, back to back); the summary gives the medians over prompts of default/plain,
 default/transformers and always_no/plain.
 
     python benchmarks/never_slower.py                      # 16 prompts, 3 repeats, 96 tokens
     python benchmarks/never_slower.py --prompts 6 --repeats 1 --max-new-tokens 64
     python benchmarks/never_slower.py --model path/to/qwen --prompts 15 --methods plain default
     python benchmarks/never_slower.py --json results/never_slower.json
+    python benchmarks/never_slower.py --interleave rounds --prompts 20 --repeats 2
 
 The prompts are written here; none comes from Spec-Bench. Exit status 1 if an output differs.
 """
@@ -110,6 +114,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=list(METHODS),
         help="the methods to time (transformers, plain and default always run; default: all)",
     )
+    parser.add_argument(
+        "--interleave",
+        choices=("calls", "rounds"),
+        default="calls",
+        help="take turns call by call, or run the eesd methods of a prompt in lockstep, round by round "
+        "(default: calls)",
+    )
     args = parser.parse_args(argv)
     args.methods = tuple(m for m in METHODS if m in {"transformers", "plain", "default", *args.methods})
     if not 1 <= args.prompts <= len(PROMPTS):
@@ -163,6 +174,32 @@ class Runner:
         result = decoder.generate(input_ids, max_new_tokens=self.max_new_tokens, temperature=0.0)
         return result.sequences[0].tolist(), time.perf_counter() - start, result.stats
 
+    def lockstep(
+        self, methods: list[str], input_ids: torch.Tensor
+    ) -> dict[str, tuple[list[int], float, Any]]:
+        """The eesd ``methods`` on one prompt, one round each in turn (the order rotating every
+        turn), each one's seconds summed over its own rounds (and the making of its stream)."""
+        seconds = dict.fromkeys(methods, 0.0)
+        streams = {}
+        for method in methods:
+            start = time.perf_counter()
+            streams[method] = self.decoders[method].stream(
+                input_ids, max_new_tokens=self.max_new_tokens, temperature=0.0
+            )
+            seconds[method] += time.perf_counter() - start
+        live, turn = list(methods), 0
+        while live:
+            order = live[turn % len(live) :] + live[: turn % len(live)]
+            turn += 1
+            for method in order:
+                start = time.perf_counter()
+                try:
+                    next(streams[method])
+                except StopIteration:
+                    live.remove(method)
+                seconds[method] += time.perf_counter() - start
+        return {m: (list(streams[m].sequences[0]), seconds[m], streams[m].stats) for m in methods}
+
 
 def _paired(runs: list[dict[str, Any]], prompt: int, a: str, b: str, repeats: int) -> list[float]:
     """Speed of ``a`` over speed of ``b`` on ``prompt``, one ratio per repeat."""
@@ -210,8 +247,18 @@ def main(argv: list[str] | None = None) -> int:
         for index, ids in enumerate(inputs):
             shift = turn % len(methods)
             turn += 1
-            for method in methods[shift:] + methods[:shift]:
-                tokens, seconds, stats = runner(method, ids)
+            done: dict[str, tuple[list[int], float, Any]] = {}
+            if args.interleave == "rounds":  # transformers' call first or last, by turns
+                eesd = [m for m in methods if m != "transformers"]
+                eesd = eesd[shift % len(eesd) :] + eesd[: shift % len(eesd)]
+                if turn % 2:
+                    done["transformers"] = runner("transformers", ids)
+                done.update(runner.lockstep(eesd, ids))
+                if not turn % 2:
+                    done["transformers"] = runner("transformers", ids)
+            else:
+                done = {method: runner(method, ids) for method in methods[shift:] + methods[:shift]}
+            for method, (tokens, seconds, stats) in done.items():
                 if method == "transformers":
                     reference.setdefault(index, tokens)
                 runs.append(
@@ -325,6 +372,7 @@ def main(argv: list[str] | None = None) -> int:
                 "torch": torch.__version__,
                 "products_option": args.products,
                 "products": products_of(runner.decoders["default"].adapter),
+                "interleave": args.interleave,
             },
             "warmup_seconds": warm,
             "tokens_per_second": speed,
