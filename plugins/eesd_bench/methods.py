@@ -168,7 +168,7 @@ class MethodSpec:
             return {"cache_implementation": "static", "disable_compile": True}
         config = CompileConfig()
         if choice is True:
-            config._compile_all_devices = True  # transformers' own switch for compiling off GPUs
+            config._compile_all_devices = True  # type: ignore[assignment]  # transformers' switch off GPUs
         return {"cache_implementation": "static", "compile_config": config}
 
     def compiles(self) -> bool | None:

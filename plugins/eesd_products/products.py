@@ -612,7 +612,8 @@ class _Decisions:
         """Take the decisions ``store`` holds for row counts not known yet; the planned ones among
         them last timed or re-checked in an earlier boot (to re-check), in order. A product dropped
         at a re-check in an earlier boot is left out, to be timed afresh."""
-        planned, boots, now = [], {}, _boot()
+        planned, now = [], _boot()
+        boots: dict[int, str | None] = {}
         for m, decision in sorted(_read_decisions(store, boots).items() if store is not None else ()):
             this_boot = now is not None and boots[m] == now
             if m in self.known or (not this_boot and not decision[0] and decision[1] is None):
