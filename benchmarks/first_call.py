@@ -126,12 +126,12 @@ def main() -> int:
                 strict=True,
             )
         ]
-        last = [  # the last of the later calls of each repeat: what a process pays once settled
-            [r for r in runs if (r["install"], r["call"], r["repeat"]) == (name, "later", repeat)][-1][
-                "first_token_s"
-            ]
+        later = [r for r in runs if (r["install"], r["call"]) == (name, "later")]
+        # the last of the later calls of each repeat: what a process pays once settled
+        last = [
+            [r for r in later if r["repeat"] == repeat][-1]["first_token_s"]
             for repeat in range(args.repeats)
-            if args.later
+            if later
         ]
         summary[name] = {
             "first_call_first_token_s": median("first", "first_token_s"),

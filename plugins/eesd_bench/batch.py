@@ -190,10 +190,18 @@ class HFBatch:
     ``options`` are more of its keywords (a static cache's)."""
 
     def __init__(self, model: Any, pad: int, options: dict[str, Any] | None = None) -> None:
+        from eesd_bench.runners import compiles
+
         self.model, self.pad, self.eos = model, pad, eos_ids(model)
         self.options = dict(options or {})
+        self.compiles = compiles(model, self.options)
 
     def run(self, ids: Any, mask: Any, max_new_tokens: int) -> BatchOutput:
+        if self.compiles:
+            from eesd_bench.runners import say_compiling
+
+            say_compiling()
+            self.compiles = False
         ids, mask = ids.to(self.model.device), mask.to(self.model.device)
         started = time.perf_counter()
         out = self.model.generate(

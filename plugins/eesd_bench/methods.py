@@ -171,11 +171,6 @@ class MethodSpec:
             config._compile_all_devices = True  # type: ignore[assignment]  # transformers' switch off GPUs
         return {"cache_implementation": "static", "compile_config": config}
 
-    def compiles(self) -> bool | None:
-        """Whether an ``hf_static`` spec compiles: True, False, or None (transformers' rule)."""
-        choice = self.options.get("compile", "auto")
-        return None if choice == "auto" else bool(choice)
-
     def _whole(self, key: str, default: int) -> int:
         value = self.options.get(key, default)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:

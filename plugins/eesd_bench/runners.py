@@ -127,6 +127,22 @@ def assistant_record(assistant: Any, name: str | None = None) -> dict[str, Any]:
     }
 
 
+def compiles(model: Any, options: dict[str, Any]) -> bool:
+    """Whether transformers' ``generate()`` with ``options`` compiles the model's forward: a static
+    cache's on GPUs, on other devices only where its ``CompileConfig`` says so."""
+    config = options.get("compile_config")
+    return config is not None and (model.device.type in ("cuda", "xpu") or bool(config._compile_all_devices))
+
+
+def say_compiling() -> None:
+    print(
+        "eesd bench: transformers compiles the model's forward (torch.compile) at its first "
+        "calls of each shape; on a CPU this can take minutes",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
 class HFRunner:
     """transformers' ``generate()``; counts target passes.
 
@@ -150,11 +166,7 @@ class HFRunner:
         self.assistant = assistant
         self.base_config = getattr(model, model.base_model_prefix).config
         self.num_layers = self.base_config.num_hidden_layers
-        compiled = self.options.get("compile_config")
-        # transformers compiles a static cache's forward on GPUs, elsewhere only when told to
-        self.compiles = compiled is not None and (
-            model.device.type in ("cuda", "xpu") or bool(compiled._compile_all_devices)
-        )
+        self.compiles = compiles(model, self.options)
         if assistant is not None:
             check_assistant(model, assistant)
             # transformers writes the "heuristic" schedule's draft length back into this config:
@@ -199,12 +211,7 @@ class HFRunner:
             passes[0] += self.base_config.num_hidden_layers == self.num_layers
 
         if self.compiles:
-            print(
-                "eesd bench: transformers compiles the model's forward (torch.compile) at its first "
-                "calls of each shape; on a CPU this can take minutes",
-                file=sys.stderr,
-                flush=True,
-            )
+            say_compiling()
             self.compiles = False
         hook = self.model.register_forward_pre_hook(count)
         torch.manual_seed(seed)

@@ -255,11 +255,11 @@ def test_the_memory_probe_loads_the_draft_model_from_the_settings(checkpoints) -
 
 def test_static_takes_compile_auto_true_or_false() -> None:
     auto = parse_method("hf_static")
-    assert auto.kind == "hf_static" and auto.plugins() == [] and auto.compiles() is None
+    assert auto.kind == "hf_static" and auto.plugins() == [] and auto.options == {}
     options = auto.generation_options()
     assert options["cache_implementation"] == "static" and not options["compile_config"]._compile_all_devices
     forced = parse_method("hf_compiled")
-    assert forced.options == {"compile": True} and forced.compiles() is True
+    assert forced.options == {"compile": True}
     assert forced.generation_options()["compile_config"]._compile_all_devices
     never = parse_method("hf_static:compile=false")
     assert never.generation_options() == {"cache_implementation": "static", "disable_compile": True}
@@ -289,6 +289,7 @@ def test_static_runs_batched_and_each_row_equals_plain_generate(target) -> None:
     specs, notes = batched_methods(["hf_static", "hf_prompt_lookup"], REGISTERED)
     assert [s.name for s in specs] == ["hf_static"] and "hf_prompt_lookup" in notes[0]
     runner = build(specs[0], target, GREEDY, pad=0)
+    assert not runner.compiles
     ids = torch.tensor([[0, 0, 0, *PROMPT[:9]], PROMPT])
     mask = (torch.arange(12) >= torch.tensor([[3], [0]])).long()
     rows = runner.run(ids, mask, MAX_NEW).rows
