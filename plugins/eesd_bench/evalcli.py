@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from eesd_bench.helptext import DefaultsFormatter, plain_text
+from eesd_bench.kernels import add_sdpa_argument, attention_kernels
 from eesd_bench.prompts import DEFAULT_QUESTIONS
 from eesd_core.errors import InputError
 from eesd_core.tools import add_decoder_arguments
@@ -133,6 +134,7 @@ drafting alike), with the machine, model shape, precision and date. `eesd contro
         "--batch-sizes", type=int, nargs="+", default=[1], help="the batch sizes to time (rows of one prompt)"
     )
     measure.add_argument("--note", default="", help="a remark kept in the profile's source")
+    add_sdpa_argument(measure)
     measure.add_argument("--out", required=True, help="profile file to write (.json)")
     measure.set_defaults(func=run_measure, controller="fixed")
     curves = verbs.add_parser(
@@ -180,7 +182,10 @@ def run_measure(args: argparse.Namespace) -> int:
     )
     prompt = encode_prompt(decoder.tokenizer, own_code_prompts()[0])
     meta = machine_meta(decoder, Path(args.model).name, args.note)
-    profile = measure_profile(decoder, plain, prompt, meta, args.cycles, say, args.batch_sizes)
+    if args.sdpa:
+        meta["sdpa"] = args.sdpa
+    with attention_kernels(args.sdpa):
+        profile = measure_profile(decoder, plain, prompt, meta, args.cycles, say, args.batch_sizes)
     profile.save(args.out)
     print(f"wrote {args.out}")
     for size in sorted(profile.batches):

@@ -291,12 +291,13 @@ def test_a_profile_holds_every_batch_size_asked(checkpoint, tmp_path, capsys):
     model += ["--drafter-options", '{"exit_layer": 2, "head": null}']
     profile_file = str(tmp_path / "p.json")
     measure = ["costs", "measure", *model, "--cycles", "1", "--batch-sizes", "1", "3", "--out", profile_file]
-    assert main(measure) == 0
+    assert main([*measure, "--sdpa", "math"]) == 0
     out, err = capsys.readouterr()
     assert "batch size 3, 1/2" in err
     assert "  batch size 1: plain step" in out and "  batch size 3: plain step" in out
     profile = CostProfile.load(profile_file)
     assert sorted(profile.batches) == [1, 3] and sorted(profile.plain) == [1, 3]
+    assert profile.meta["sdpa"] == ["math"]  # the attention kernels it was timed with are kept
     for size in (1, 3):
         assert len(profile.at(size).verify) == 3 and profile.plain_step(size) > 0
     assert CostProfile.from_dict(profile.to_dict()).batches == profile.batches
