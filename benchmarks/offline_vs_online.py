@@ -3,7 +3,7 @@
 In one process, with the model loaded once, this script
 
 1. measures a cost profile of this machine (``eesd_bench.profiles.measure_profile``: the
-   drafter's rounds by k and a plain decoder's step, twice each, the lower kept) and writes it;
+   drafter's rounds by k and a plain decoder's step, twice each, averaged) and writes it;
 2. decodes the chosen prompts of a trace greedily, online, with plain decoding and with every
    controller (one decoder per controller serving the prompts in the trace's order, as the
    replay does; methods in rotating order within each prompt), checking every output against

@@ -96,7 +96,7 @@ def load_profile(name_or_path: str) -> CostProfile:
 
 
 def measure_plain_step(plain_decoder: Any, prompt: Sequence[int], steps: int, batch_size: int = 1) -> float:
-    """Median seconds between the rounds of a plain decoder's greedy stream of ``batch_size``
+    """Mean seconds between the rounds of a plain decoder's greedy stream of ``batch_size``
     copies of ``prompt`` (the prefill left out)."""
     times: list[float] = []
     asked = list(prompt) if batch_size == 1 else [list(prompt)] * batch_size
@@ -106,7 +106,7 @@ def measure_plain_step(plain_decoder: Any, prompt: Sequence[int], steps: int, ba
         if i:
             times.append(now - last)
         last = now
-    return statistics.median(times)
+    return statistics.fmean(times)
 
 
 def measure_profile(
@@ -120,7 +120,7 @@ def measure_profile(
 ) -> CostProfile:
     """Each of ``batch_sizes`` on this machine: the drafter's costs by k (:func:`measure_costs`,
     cycling k through 0 .. K, every row alike) and a plain decoder's step, the two interleaved
-    twice and the lower kept."""
+    twice and averaged: means, like the totals a replay predicts, so that slow rounds count."""
     if not batch_sizes or min(batch_sizes) < 1:
         raise InputError(f"A cost profile needs batch sizes of at least 1, not {list(batch_sizes)}.")
     batches, plain = {}, {}
@@ -132,8 +132,12 @@ def measure_profile(
             models.append(measure_costs(decoder, prompt, cycles, size))
             say(f"timing plain decoding steps ({at}{attempt + 1}/2)")
             plains.append(measure_plain_step(plain_decoder, prompt, 8 * cycles, size))
-        batches[size] = min(models, key=lambda c: sum(c.round_time(k) for k in range(len(c.verify))))
-        plain[size] = min(plains)
+        batches[size] = CostModel(
+            statistics.fmean(m.draft_step for m in models),
+            statistics.fmean(m.propose_base for m in models),
+            tuple(map(statistics.fmean, zip(*(m.verify for m in models)))),
+        )
+        plain[size] = statistics.fmean(plains)
     return CostProfile(batches, plain, dict(meta))
 
 

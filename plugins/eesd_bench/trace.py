@@ -7,7 +7,8 @@ with K drafts per round but commits a single token per round (the target's own, 
 still the target's greedy text): every position t of the output gets its drafts' confidences and
 their accepted prefix a_t (but position 0, whose token the prefill draws with no drafts, as in
 the engine). Costs are measured in a second short run that cycles k through 0 .. K, and kept as
-the medians of the observed times.
+the means of the observed times (a replay adds round times up, so it needs what a round costs on
+average, slow ones included, not a typical one).
 
 :func:`replay` then runs any controller against a :class:`Trace` through a
 :class:`~eesd_core.control.Control`, as the engine does: it shows the controller the recorded
@@ -261,7 +262,7 @@ def record_prompt(decoder: Any, prompt: Sequence[int], max_new_tokens: int) -> P
 
 
 def measure_costs(decoder: Any, prompt: Sequence[int], cycles: int = 4, batch_size: int = 1) -> CostModel:
-    """Median propose and verify times per k over ``cycles`` rounds of each k = 0 .. K, every row of
+    """Mean propose and verify times per k over ``cycles`` rounds of each k = 0 .. K, every row of
     a batch of ``batch_size`` copies of ``prompt`` drafting k (a round's times are the batch's).
 
     The first cycle warms up and is left out. ``draft_step`` is the least-squares slope of the
@@ -274,8 +275,8 @@ def measure_costs(decoder: Any, prompt: Sequence[int], cycles: int = 4, batch_si
     _recorded(decoder, recorder, prompt, batch_size, max_new_tokens=rounds + k_max + 1, eos_token_id=[])
     kept = [o for o in recorder.outcomes if o.row == 0][k_max + 1 : rounds]
     by_k = {k: [o for o in kept if o.drafted == k] for k in range(k_max + 1)}
-    propose = {k: statistics.median(o.draft_time for o in got) for k, got in by_k.items() if got}
-    verify = {k: statistics.median(o.verify_time for o in got) for k, got in by_k.items() if got}
+    propose = {k: statistics.fmean(o.draft_time for o in got) for k, got in by_k.items() if got}
+    verify = {k: statistics.fmean(o.verify_time for o in got) for k, got in by_k.items() if got}
     base, slope = _line(propose)
     nearest = [verify[min(verify, key=lambda j: abs(j - k))] for k in range(k_max + 1)]
     return CostModel(slope, propose.get(0, base), tuple(nearest))
