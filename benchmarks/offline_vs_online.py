@@ -3,7 +3,9 @@
 In one process, with the model loaded once, this script
 
 1. measures a cost profile of this machine (``eesd_bench.profiles.measure_profile``: the
-   drafter's rounds by k and a plain decoder's step, twice each, averaged) and writes it;
+   drafter's rounds by k and a plain decoder's step, twice each, averaged), before the online
+   runs and again after them, and writes their mean (the machine's speed drifts over the minutes
+   the online runs take; the mean of the two ends charges the drift alike to both sides);
 2. decodes the chosen prompts of a trace greedily, online, with plain decoding and with every
    controller (one decoder per controller serving the prompts in the trace's order, as the
    replay does; methods in rotating order within each prompt), checking every output against
@@ -137,16 +139,19 @@ def main(argv: list[str] | None = None) -> int:
         if len(ids) != p.prompt_length:
             raise SystemExit(f"{name}: {len(ids)} prompt tokens, the trace has {p.prompt_length}")
     plain = SpeculativeDecoder(model, drafter=None, **adapter)
-    profile = measure_profile(recorder, plain, prompts[0][1], machine_meta(recorder, model_name), say=say)
-    source = f"benchmarks/offline_vs_online.py, products {args.products}"
-    profile = replace(profile, meta={**profile.meta, "source": source})
-    if args.profile_out:
-        profile.save(args.profile_out)
-        say(f"wrote {args.profile_out}")
+    meta = machine_meta(recorder, model_name)
+    before = measure_profile(recorder, plain, prompts[0][1], meta, say=say)
     controllers = args.controllers or registered_controllers()
     decoders = {"plain": plain} | {c: SpeculativeDecoder(model, controller=c, **common) for c in controllers}
     tokens = len(chosen[0].tokens)
     measured = online(decoders, prompts, trace, tokens)
+    after = measure_profile(recorder, plain, prompts[0][1], meta, say=say)
+    source = f"benchmarks/offline_vs_online.py, products {args.products}"
+    profile = CostProfile.mean([before, after])
+    profile = replace(profile, meta={**profile.meta, "source": source})
+    if args.profile_out:
+        profile.save(args.profile_out)
+        say(f"wrote {args.profile_out}")
     model_side = modelled(trace, profile, controllers)
     plain_measured = measured["plain"]["seconds"] / measured["plain"]["tokens"]
     plain_modelled = profile.plain_step(1)

@@ -58,6 +58,17 @@ class CostProfile:
         return {"format": FORMAT, **self.meta, "plain_step": plain, "batches": batches}
 
     @classmethod
+    def mean(cls, profiles: Sequence[CostProfile]) -> CostProfile:
+        """Profiles of one machine and model timed at different moments, averaged; the first's
+        description is kept."""
+        sizes = set(profiles[0].batches)
+        if any(set(p.batches) != sizes or set(p.plain) != set(profiles[0].plain) for p in profiles):
+            raise InputError("Only profiles of the same batch sizes can be averaged.")
+        batches = {b: CostModel.mean([p.batches[b] for p in profiles]) for b in sorted(sizes)}
+        plain = {b: statistics.fmean(p.plain[b] for p in profiles) for b in sorted(profiles[0].plain)}
+        return cls(batches, plain, dict(profiles[0].meta))
+
+    @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> CostProfile:
         meta = {k: v for k, v in data.items() if k not in ("batches", "plain_step")}
         batches = {
@@ -132,11 +143,7 @@ def measure_profile(
             models.append(measure_costs(decoder, prompt, cycles, size))
             say(f"timing plain decoding steps ({at}{attempt + 1}/2)")
             plains.append(measure_plain_step(plain_decoder, prompt, 8 * cycles, size))
-        batches[size] = CostModel(
-            statistics.fmean(m.draft_step for m in models),
-            statistics.fmean(m.propose_base for m in models),
-            tuple(map(statistics.fmean, zip(*(m.verify for m in models)))),
-        )
+        batches[size] = CostModel.mean(models)
         plain[size] = statistics.fmean(plains)
     return CostProfile(batches, plain, dict(meta))
 

@@ -79,6 +79,15 @@ class CostModel:
     def round_time(self, k: int) -> float:
         return self.propose_base + k * self.draft_step + self.verify[k]
 
+    @classmethod
+    def mean(cls, models: Sequence[CostModel]) -> CostModel:
+        """Each cost averaged over ``models`` (timed at different moments: the machine drifts)."""
+        return cls(
+            statistics.fmean(m.draft_step for m in models),
+            statistics.fmean(m.propose_base for m in models),
+            tuple(map(statistics.fmean, zip(*(m.verify for m in models), strict=True))),
+        )
+
     @property
     def plain_step(self) -> float:
         return self.round_time(0)

@@ -121,6 +121,19 @@ def test_a_profile_too_short_for_the_trace_is_refused():
         under(synthetic_trace(0.5, prompts=1, tokens=10), short)
 
 
+def test_profiles_timed_at_two_moments_average_cost_by_cost():
+    early = CostProfile({1: CostModel(0.1, 0.2, (1.0, 1.2))}, {1: 0.9}, {"name": "early"})
+    late = CostProfile({1: CostModel(0.3, 0.4, (2.0, 1.6))}, {1: 1.1}, {"name": "late"})
+    mean = CostProfile.mean([early, late])
+    costs = mean.at(1)
+    assert costs.draft_step == pytest.approx(0.2) and costs.propose_base == pytest.approx(0.3)
+    assert costs.verify == pytest.approx((1.5, 1.4)) and mean.plain_step(1) == pytest.approx(1.0)
+    assert mean.meta["name"] == "early"
+    other = CostProfile({4: CostModel(0.1, 0.2, (1.0, 1.2))}, {4: 0.9}, {})
+    with pytest.raises(InputError, match="same batch sizes"):
+        CostProfile.mean([early, other])
+
+
 def test_leaderboard_by_category():
     trace = labelled(synthetic_trace(0.7, prompts=3, tokens=60), ["qa", "code", "code"])
     board = leaderboard(
