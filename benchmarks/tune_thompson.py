@@ -10,6 +10,16 @@ token to the best fixed k in hindsight of the same group. Usage::
 
     python benchmarks/tune_thompson.py --prompts 18 --max-new-tokens 64 --threads 2 \\
         --cache benchmarks/out/tuning-traces
+
+With ``--mixed PROFILE`` it asks instead what one decoder serving mixed users meets: the held-out
+prose prompts with a held-out code prompt after every second one (``code-heldout.json``), the
+early-exit drafter with its shipped head, one controller carrying what it learns from prompt to
+prompt, priced with a cost profile (``eesd costs measure``). Each setting is replayed with several
+controller seeds; it prints the median over prompts of each kind, and the worst prompt, of the
+speedup over rounds that never draft (which run at eesd plain's speed)::
+
+    python benchmarks/tune_thompson.py --model qwen2.5-coder-1.5b-instruct --prompts 18 \\
+        --max-new-tokens 40 --max-draft-tokens 6 --mixed amd-epyc-qwen2.5-coder-1.5b-instruct-float32
 """
 
 from __future__ import annotations
@@ -21,7 +31,17 @@ import statistics
 from pathlib import Path
 
 import torch
-from eesd_bench.trace import Trace, best_fixed, build_controller, record_trace, replay
+from eesd_bench.evaluate import under
+from eesd_bench.profiles import load_profile
+from eesd_bench.trace import (
+    PromptTrace,
+    Trace,
+    best_fixed,
+    build_controller,
+    record_prompt,
+    record_trace,
+    replay,
+)
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from eesd_core import SpeculativeDecoder
@@ -29,6 +49,7 @@ from eesd_core.registry import resolve_model
 from eesd_core.tools import encode_prompt
 
 HELDOUT = Path(__file__).resolve().parents[1] / "drafters" / "eesd_early_exit" / "prompts" / "heldout.json"
+CODE_HELDOUT = HELDOUT.with_name("code-heldout.json")
 DRAFTERS = {
     "early_exit (shipped head)": ("early_exit", {"exit_layer": 6, "head": "auto"}),
     "early_exit (untrained, N=6)": ("early_exit", {"exit_layer": 6, "head": None}),
@@ -68,6 +89,72 @@ def traces(args: argparse.Namespace) -> dict[str, list[Trace]]:
     return out
 
 
+def mixed_prompts(count: int) -> list[tuple[str, str]]:
+    """(kind, text): two held-out prose prompts, then a held-out code prompt, and again."""
+    prose, code = json.loads(HELDOUT.read_text()), json.loads(CODE_HELDOUT.read_text())
+    out: list[tuple[str, str]] = []
+    while len(out) < count:
+        turn = len(out) // 3
+        out += [("prose", prose[2 * turn]), ("prose", prose[2 * turn + 1]), ("code", code[turn])]
+    return out[:count]
+
+
+def mixed_trace(args: argparse.Namespace) -> Trace:
+    """The mixed prompts' positions, one cached file per prompt, priced with ``args.mixed``."""
+    cache = Path(args.cache)
+    cache.mkdir(parents=True, exist_ok=True)
+    profile = load_profile(args.mixed)
+    costs = profile.at(1)
+    decoder = tok = None
+    prompts = []
+    for index, (kind, text) in enumerate(mixed_prompts(args.prompts)):
+        name = f"mixed-{args.model}-{index:02d}-{kind}-{args.max_new_tokens}-{args.max_draft_tokens}"
+        file = cache / f"{name}.json"
+        if not file.exists():
+            if decoder is None:
+                path = resolve_model(args.model)
+                model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+                tok = AutoTokenizer.from_pretrained(path)
+                decoder = SpeculativeDecoder(
+                    model, controller="fixed", max_draft_tokens=args.max_draft_tokens
+                )
+            recorded = record_prompt(decoder, encode_prompt(tok, text), args.max_new_tokens)
+            Trace(args.max_draft_tokens, costs, (recorded,)).save(file)
+            print("recorded", file.name, flush=True)
+        prompt = Trace.load(file).prompts[0]
+        prompts.append(PromptTrace(prompt.prompt_length, prompt.tokens, prompt.positions, kind, file.stem))
+    return under(Trace(args.max_draft_tokens, costs, tuple(prompts)), profile)
+
+
+def mixed(args: argparse.Namespace) -> None:
+    """Every setting of the grid over the mixed trace, one controller per seed over all prompts."""
+    trace = mixed_trace(args)
+    never: list = []
+    replay(trace, build_controller(("fixed", {"k": 0})), by_prompt=never)
+    kinds = [prompt.category for prompt in trace.prompts]
+    keys = list(GRID)
+    settings: list[dict[str, float]] = [{}] + [
+        dict(zip(keys, v, strict=True)) for v in itertools.product(*(GRID[k] for k in keys))
+    ]
+    for options in settings:
+        speedups = []
+        for seed in range(args.seeds):
+            parts: list = []
+            replay(trace, build_controller(("thompson", {**options, "seed": seed})), by_prompt=parts)
+            speedups.append([n.time / p.time for n, p in zip(never, parts, strict=True)])
+        per_prompt = [statistics.fmean(s) for s in zip(*speedups, strict=True)]
+        by_kind = {
+            kind: statistics.median(v for v, k in zip(per_prompt, kinds, strict=True) if k == kind)
+            for kind in sorted(set(kinds))
+        }
+        print(
+            f"{json.dumps(options) if options else 'defaults':58} "
+            + " ".join(f"{kind} {value:.3f}" for kind, value in by_kind.items())
+            + f"  worst prompt {min(per_prompt):.3f}",
+            flush=True,
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")
@@ -76,8 +163,16 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--cache", default="benchmarks/out/tuning-traces")
+    parser.add_argument(
+        "--mixed", metavar="PROFILE", help="replay prose and code prompts in turn, priced with PROFILE"
+    )
+    parser.add_argument("--max-draft-tokens", type=int, default=6, help="with --mixed: drafts per position")
+    parser.add_argument("--seeds", type=int, default=8, help="with --mixed: controller seeds per setting")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.mixed:
+        mixed(args)
+        return
     by_drafter = traces(args)
     keys = list(GRID)
     rows = []
