@@ -18,7 +18,7 @@ prompt, priced with a cost profile (``eesd costs measure``). Each setting is rep
 controller seeds; it prints the median over prompts of each kind, and the worst prompt, of the
 speedup over rounds that never draft (which run at eesd plain's speed)::
 
-    python benchmarks/tune_thompson.py --model qwen2.5-coder-1.5b-instruct --prompts 18 \\
+    python benchmarks/tune_thompson.py --model qwen2.5-coder-1.5b-instruct --prompts 36 \\
         --max-new-tokens 40 --max-draft-tokens 6 --mixed amd-epyc-qwen2.5-coder-1.5b-instruct-float32
 """
 
