@@ -28,20 +28,14 @@ import argparse
 import itertools
 import json
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 from eesd_bench.evaluate import under
 from eesd_bench.profiles import load_profile
-from eesd_bench.trace import (
-    PromptTrace,
-    Trace,
-    best_fixed,
-    build_controller,
-    record_prompt,
-    record_trace,
-    replay,
-)
+from eesd_bench.trace import Trace, best_fixed, build_controller, record_trace, replay
+from eesd_bench.tracefile import check_fresh, describe_recording, record_prompts
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from eesd_core import SpeculativeDecoder
@@ -100,30 +94,24 @@ def mixed_prompts(count: int) -> list[tuple[str, str]]:
 
 
 def mixed_trace(args: argparse.Namespace) -> Trace:
-    """The mixed prompts' positions, one cached file per prompt, priced with ``args.mixed``."""
-    cache = Path(args.cache)
-    cache.mkdir(parents=True, exist_ok=True)
-    profile = load_profile(args.mixed)
-    costs = profile.at(1)
-    decoder = tok = None
-    prompts = []
-    for index, (kind, text) in enumerate(mixed_prompts(args.prompts)):
-        name = f"mixed-{args.model}-{index:02d}-{kind}-{args.max_new_tokens}-{args.max_draft_tokens}"
-        file = cache / f"{name}.json"
-        if not file.exists():
-            if decoder is None:
-                path = resolve_model(args.model)
-                model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-                tok = AutoTokenizer.from_pretrained(path)
-                decoder = SpeculativeDecoder(
-                    model, controller="fixed", max_draft_tokens=args.max_draft_tokens
-                )
-            recorded = record_prompt(decoder, encode_prompt(tok, text), args.max_new_tokens)
-            Trace(args.max_draft_tokens, costs, (recorded,)).save(file)
-            print("recorded", file.name, flush=True)
-        prompt = Trace.load(file).prompts[0]
-        prompts.append(PromptTrace(prompt.prompt_length, prompt.tokens, prompt.positions, kind, file.stem))
-    return under(Trace(args.max_draft_tokens, costs, tuple(prompts)), profile)
+    """The mixed prompts' trace (recorded once into the cache, resumed when more prompts are
+    asked), priced with the profile ``args.mixed``."""
+    out = Path(args.cache) / f"mixed-{args.model}-{args.max_new_tokens}-{args.max_draft_tokens}.json"
+    wanted = [(kind, f"{i:02d}-{kind}", text) for i, (kind, text) in enumerate(mixed_prompts(args.prompts))]
+    names = {name for _, name, _ in wanted}
+    trace = Trace.load(out) if out.is_file() else None
+    if trace is None or not names <= {p.name for p in trace.prompts}:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        path = resolve_model(args.model)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        tok = AutoTokenizer.from_pretrained(path)
+        decoder = SpeculativeDecoder(model, controller="fixed", max_draft_tokens=args.max_draft_tokens)
+        prompts = [(kind, name, encode_prompt(tok, text)) for kind, name, text in wanted]
+        meta = describe_recording(decoder, args.model, args.max_new_tokens)
+        trace = record_prompts(decoder, prompts, args.max_new_tokens, out, meta, resume=True)
+    check_fresh(trace, str(out))
+    trace = replace(trace, prompts=tuple(p for p in trace.prompts if p.name in names))
+    return under(trace, load_profile(args.mixed))
 
 
 def mixed(args: argparse.Namespace) -> None:
