@@ -6,11 +6,9 @@ tokens against the measured cost of drafting and verifying (:mod:`eesd_thompson.
 drafter that is rarely right ends up decoding plainly and is only probed when a posterior draw
 says drafting might pay; when the measured costs say drafting could never pay, it still probes ever
 more rarely, in case a noisy first measurement overstated them. Calibration-TS replaces theta for
-the drafts already made by the posterior of their confidence bucket, its odds moved by how the
-generation's own drafts fared against their buckets (:class:`~eesd_thompson.posterior.Offset`).
-Where the engine allows it, ``keep`` takes back a draft whose bucket says it would not repay its
-verification, and a round may draft one token only to look at its confidence
-(``ThompsonOptions.withdraw``). The rows of a batch
+the drafts already made by the posterior of their confidence bucket. Where the engine allows it,
+``keep`` takes back a draft whose bucket says it would not repay its verification, and a round may
+draft one token only to look at its confidence (``ThompsonOptions.withdraw``). The rows of a batch
 round share its draws: a draft step is the whole batch's time, so the batch explores as one.
 
 :class:`ThompsonController` keeps what carries across generations (the posteriors with
@@ -29,7 +27,7 @@ from typing import Any
 from eesd_core.protocols import Confidence, Costs, DraftStep, Request, RoundOutcome, RoundStart
 from eesd_thompson.gate import BatchGate
 from eesd_thompson.options import ThompsonOptions
-from eesd_thompson.posterior import Beta, Buckets, Frequencies, Offset
+from eesd_thompson.posterior import Beta, Buckets, Frequencies
 from eesd_thompson.rule import best_rate, draft_on, round_times
 
 
@@ -170,8 +168,6 @@ class _Run:
         self.lockstep = _Lockstep()
         self.shared: dict[tuple[Any, ...], tuple[object, Any]] = {}  # see _once
         self.drafted: bool | None = None  # whether the round just reported made a draft step (None: none)
-        adapt = o.adapt if o.variant == "calibration" else None
-        self.offset = None if adapt is None else Offset(adapt)
 
     # -- the protocol, per generation ------------------------------------------------------------
 
@@ -228,12 +224,6 @@ class _Run:
             learnt.first_seen.observe(learnt.buckets.index(first))
         # a withdrawn draft after k accepted ones is judged for free by the pass the round made
         seen = None if withdrawn is None or n < k else withdrawn.acceptance
-        if self.offset is not None:  # before the buckets learn: what they predicted for these drafts
-            judged = [(c, float(i < n)) for i, c in enumerate(outcome.confidences[: n + 1])]
-            if withdrawn is not None and seen is not None:
-                judged.append((withdrawn.confidence, seen))
-            for confidence, accepted in judged:
-                self.offset.observe(self._expected(confidence, shifted=False), accepted)
         failures = (k - n) if self.options.failures == "all" else float(n < k)
         learnt.posterior.observe(n + (seen or 0.0), failures + (0.0 if seen is None else 1.0 - seen))
         if self.options.variant == "calibration":
@@ -364,7 +354,7 @@ class _Run:
         for cell, share in enumerate(learnt.first_seen.shares()):
             if cell not in self.round.cells:
                 self.round.cells[cell] = learnt.buckets.cells[cell].sample(self.rng, learnt.posterior.mean)
-            value += share * max(self._shift(self.round.cells[cell]) - price * extra, 0.0)
+            value += share * max(self.round.cells[cell] - price * extra, 0.0)
         return value > price * peek
 
     def _locked_out(self) -> bool:
@@ -398,21 +388,15 @@ class _Run:
         buckets, cell = self.learnt.buckets, self.learnt.buckets.index(value)
         if cell not in self.round.cells:
             self.round.cells[cell] = buckets.cells[cell].sample(self.rng, self.learnt.posterior.mean)
-        return self._shift(self.round.cells[cell])
+        return self.round.cells[cell]
 
-    def _expected(self, confidence: Confidence | None, shifted: bool = True) -> float:
+    def _expected(self, confidence: Confidence | None) -> float:
         """The posterior mean chance that the latest draft is accepted: its bucket's, centred on
-        the overall mean and moved by this generation's offset (Calibration-TS), or the overall
-        mean."""
+        the overall mean (Calibration-TS), or the overall mean."""
         value, learnt = self._signal(confidence), self.learnt
         if self.options.variant != "calibration" or value is None:
             return learnt.posterior.mean
-        mean = learnt.buckets.cells[learnt.buckets.index(value)].centered_mean(learnt.posterior.mean)
-        return self._shift(mean) if shifted else mean
-
-    def _shift(self, chance: float) -> float:
-        """A bucket's chance as this generation's drafts so far say it holds here (``adapt``)."""
-        return chance if self.offset is None else self.offset.apply(chance)
+        return learnt.buckets.cells[learnt.buckets.index(value)].centered_mean(learnt.posterior.mean)
 
     def _signal(self, confidence: Confidence | None) -> float | None:
         """The confidence the controller conditions on (a withdrawn draft has no ``prob``)."""

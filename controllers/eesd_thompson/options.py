@@ -73,11 +73,6 @@ class ThompsonOptions(PluginOptions):
       (``explore``). What it measured shrinks by ``decay`` at each start (``scope="request"``:
       it starts afresh), so it measures again once it rests on too few rounds. ``False``: the
       cost rule alone.
-    - ``adapt``: with Calibration-TS, the buckets carry from earlier generations, which may have
-      been on other text; within a generation, every bucket's odds are moved by the ratio of how
-      often its judged drafts were accepted to how often their buckets predicted, that rate taken
-      with ``adapt`` drafts' worth of the buckets' prediction, so that few drafts move it little
-      (:class:`~eesd_thompson.posterior.Offset`). ``None``: the buckets as they are.
     - ``max_draft_tokens``: an own cap on drafts per round, below the engine's.
     - ``seed``: the controller's own random stream; with ``scope="request"`` it restarts at every
       generation, so a generation's decisions depend only on the seed and on what it observes.
@@ -100,7 +95,6 @@ class ThompsonOptions(PluginOptions):
     withdraw: bool = True
     refresh: int | None = Field(32, ge=2)
     gate: bool = True
-    adapt: float | None = Field(1.0, gt=0.0, allow_inf_nan=False)
     max_draft_tokens: int | None = Field(None, ge=0)
     seed: int = 0
 

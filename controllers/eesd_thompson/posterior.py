@@ -104,30 +104,3 @@ class Frequencies:
     def shares(self) -> list[float]:
         total = sum(self.counts) + 0.5 * len(self.counts)
         return [(c + 0.5) / total for c in self.counts]
-
-
-class Offset:
-    """How one generation's drafts fare against what their buckets predicted, as an odds ratio.
-
-    Buckets carry across generations, so on text unlike what taught them (prose after code) they
-    can promise drafts that this generation keeps seeing rejected. The generation's judged drafts
-    against the buckets' means for them give a rate ratio, shrunk toward 1 by ``weight`` drafts'
-    worth of the buckets' own prediction; :meth:`apply` moves a chance's odds by it."""
-
-    def __init__(self, weight: float) -> None:
-        self.weight = weight
-        self.judged = self.accepted = self.predicted = 0.0
-
-    def observe(self, predicted: float, accepted: float) -> None:
-        self.judged += 1.0
-        self.predicted += predicted
-        self.accepted += accepted
-
-    def apply(self, chance: float) -> float:
-        if not self.judged:
-            return chance
-        expected = min(max(self.predicted / self.judged, 0.02), 0.98)
-        rate = (self.accepted + self.weight * expected) / (self.judged + self.weight)
-        chance = min(max(chance, 1e-6), 1.0 - 1e-6)
-        odds = rate * (1.0 - expected) / ((1.0 - rate) * expected) * chance / (1.0 - chance)
-        return odds / (1.0 + odds)

@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 import torch
 from eesd_thompson import ThompsonController, ThompsonOptions
-from eesd_thompson.posterior import Offset
 from outcomes import Driven, outcome
 
 from eesd_core.costs import CostTracker
@@ -134,52 +133,6 @@ def test_a_withdrawn_draft_teaches_its_bucket_and_the_posterior():
     unjudged = Withdrawn(Confidence(None, 0.95, 0.05), acceptance=None)
     run.learn(outcome(1, 0, (Confidence(0.5, 0.5, 0.7),), 0.06, 0.11, COSTS, withdrawn=unjudged))
     assert (cell.alpha, cell.beta) == pytest.approx((before[0] + 0.75, before[1] + 0.25))
-
-
-def test_the_offset_moves_odds_by_how_judged_drafts_fared_against_their_buckets():
-    offset = Offset(weight=1.0)
-    assert offset.apply(0.9) == 0.9  # nothing judged yet
-    for _ in range(4):
-        offset.observe(predicted=0.5, accepted=0.5)
-    assert offset.apply(0.9) == pytest.approx(0.9)  # as predicted: unmoved
-    rejected = Offset(weight=1.0)
-    for _ in range(8):
-        rejected.observe(predicted=0.9, accepted=0.0)
-    lowered = rejected.apply(0.9)
-    assert lowered < 0.3 and rejected.apply(0.5) < lowered
-    doubtful = Offset(weight=1.0)
-    doubtful.observe(predicted=0.2, accepted=1.0)
-    assert doubtful.apply(0.6) > 0.6
-    steady = Offset(weight=50.0)  # a heavy prior on the buckets: few drafts move it little
-    steady.observe(predicted=0.9, accepted=0.0)
-    assert 0.85 < steady.apply(0.9) < 0.9
-
-
-def _judged_look(top1, acceptance):
-    seen = Withdrawn(Confidence(None, top1, 1 - top1), acceptance=acceptance)
-    return RoundOutcome(0, 0, 0, (1,), 0.03, 0.08, costs=COSTS, withdrawn=seen)
-
-
-@pytest.mark.parametrize("adapt", [1.0, None])
-def test_a_generation_whose_confident_drafts_fail_stops_keeping_them(adapt):
-    """Buckets carried from a generation where confident drafts were always right say to keep one;
-    in a generation where looks at confident drafts keep being rejected, the offset (``adapt``)
-    soon takes them back, while the carried buckets alone would keep paying for verifications.
-    The next generation starts from the buckets again."""
-    ctrl = ThompsonController(ThompsonOptions(adapt=adapt))
-    first = Driven(ctrl, Request(4, 64, 8, SamplingParams(), COSTS, withdraws=True))
-    ctrl.kinds_seen.update({0, 1})
-    teach(first, 60, confident_share=0.5)
-    hostile = Driven(ctrl, Request(4, 64, 8, SamplingParams(), COSTS, withdraws=True))
-    assert ask_round(hostile, 0.95) == (True, True)
-    for _ in range(4):
-        hostile.learn(_judged_look(0.95, 0.0))
-    hostile.begin(COSTS)
-    kept = hostile.keep(0, 8, 0.95)
-    assert kept is (adapt is None)
-    fresh = Driven(ctrl, Request(4, 64, 8, SamplingParams(), COSTS, withdraws=True))
-    fresh.begin(COSTS)
-    assert fresh.keep(0, 8, 0.95)
 
 
 def test_the_cost_tracker_measures_the_peek():
