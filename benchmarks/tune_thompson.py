@@ -57,6 +57,11 @@ GRID = {
 }
 
 
+def grid() -> list[dict[str, float]]:
+    """Every setting of ``GRID``, one dict of options each."""
+    return [dict(zip(GRID, values, strict=True)) for values in itertools.product(*GRID.values())]
+
+
 def traces(args: argparse.Namespace) -> dict[str, list[Trace]]:
     cache = Path(args.cache)
     cache.mkdir(parents=True, exist_ok=True)
@@ -120,11 +125,7 @@ def mixed(args: argparse.Namespace) -> None:
     never: list = []
     replay(trace, build_controller(("fixed", {"k": 0})), by_prompt=never)
     kinds = [prompt.category for prompt in trace.prompts]
-    keys = list(GRID)
-    settings: list[dict[str, float]] = [{}] + [
-        dict(zip(keys, v, strict=True)) for v in itertools.product(*(GRID[k] for k in keys))
-    ]
-    for options in settings:
+    for options in [{}, *grid()]:
         speedups = []
         for seed in range(args.seeds):
             parts: list = []
@@ -162,11 +163,9 @@ def main() -> None:
         mixed(args)
         return
     by_drafter = traces(args)
-    keys = list(GRID)
     rows = []
-    for values in itertools.product(*(GRID[k] for k in keys)):
-        options = dict(zip(keys, values, strict=True))
-        row = {"options": options}
+    for options in grid():
+        row: dict = {"options": options}
         for label, groups in by_drafter.items():
             ratios = []
             for trace in groups:
