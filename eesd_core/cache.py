@@ -1,8 +1,5 @@
-"""A key/value cache that rolls back by moving a length, never by copying, and its layout.
-
-:class:`KVCache` speaks the part of transformers' ``Cache`` interface that decoder layers use;
-:class:`BatchLayout` says which of its slots holds which position of which row.
-"""
+"""A key/value cache that rolls back by moving a length, never by copying (:class:`KVCache`: the
+part of transformers' ``Cache`` that decoder layers use), and which slot holds what (:class:`BatchLayout`)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """The decoder: plug-ins chosen by name, input checked, one :class:`~eesd_core.round.Generation` per call.
 
-:class:`SpeculativeDecoder` holds what outlives a call: the model's adapter, the drafter,
-controller and verifier, and the measured costs. Each ``generate``/``stream`` call gets a
-generation of its own (a batch of one row for one sequence), so calls may interleave or run in
-several threads; nothing of the model is ever changed.
+:class:`SpeculativeDecoder` holds what outlives a call (the adapter, the plug-ins, measured costs);
+each call decodes its own generation (one sequence as a batch of one), so calls may run in threads.
 """
 
 from __future__ import annotations
@@ -155,9 +153,7 @@ class SpeculativeDecoder:
         generation = self.stream(input_ids, attention_mask=attention_mask, rng=rng, **kwargs)
         if streamer is not None and not generation.single:
             raise InputError("streamer= takes one sequence, as transformers' streamers do.")
-        put = (
-            (lambda tokens: None) if streamer is None else (lambda tokens: streamer.put(torch.tensor(tokens)))
-        )
+        put = (lambda tokens: None) if streamer is None else (lambda t: streamer.put(torch.tensor(t)))
         put(generation.sequence)  # the prompt first, as transformers' generate() streams it
         for tokens in generation:
             put(tokens)

@@ -1,8 +1,5 @@
-"""The one error hierarchy of eesd.
-
-Every error a user can act on is an :class:`EESDError`; its message says what went wrong and what to
-do about it. Catch ``EESDError`` to handle all of them.
-"""
+"""The one error hierarchy of eesd: every error a user can act on is an :class:`EESDError`, whose
+message says what went wrong and what to do about it."""
 
 from __future__ import annotations
 

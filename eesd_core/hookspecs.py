@@ -52,6 +52,12 @@ def eesd_linear_products(adapter: Any, choice: str) -> Any:
     product of a pass over ``rows`` positions, or ``None`` for ``F.linear``."""
 
 
+@hookspec(firstresult=True)
+def eesd_passes(adapter: Any, choice: str) -> Any:
+    """How a built-in adapter runs its passes (``choice``: its ``compile`` option), asked once: an
+    object whose ``new_cache(num_layers, capacity)`` makes the caches of its passes, or ``None``."""
+
+
 @hookspec
 def eesd_generation_keywords(decoder: Any, keywords: dict[str, Any]) -> None:
     """Turn ``generate()`` keywords the core does not know into ones it does, in ``keywords`` itself

@@ -81,8 +81,7 @@ class Generation:
         self._written: list[tuple[int, int, list[int]]] = []  # (row, at, tokens) not yet in tokens
         wanted = config.logprobs or config.top_logprobs
         self.logprobs: list[list[float]] | None = [[] for _ in prompts] if wanted else None  # per row
-        self.top_logprobs: list[list[list[tuple[int, float]]]] | None = None
-        self.top_logprobs = [[] for _ in prompts] if config.top_logprobs else None
+        self.top_logprobs: list[Any] | None = [[] for _ in prompts] if config.top_logprobs else None
         self._scores: torch.Tensor | None = None  # the last target pass's processed logits [B, m, V]
         self.shaping = bool(config.logits_processor or config.min_new_tokens)
         self._dead: set[tuple[int, int]] = set()  # (row, offset) of the last pass with no token allowed

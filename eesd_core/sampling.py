@@ -1,8 +1,6 @@
-"""Pure probability helpers: logits to the distributions p and q.
-
-**p** is the target's next-token distribution, **q** the drafter's. Both go through the same
-processing (temperature, then top-k, then top-p, as transformers orders its warpers) in float32 or
-wider. Temperature 0 puts all mass on the first maximum: verification then draws nothing.
+"""Pure probability helpers: logits to **p**, the target's next-token distribution, and **q**, the
+drafter's. Both go through the same processing (temperature, then top-k, then top-p, as transformers
+orders its warpers) in float32 or wider; temperature 0 puts all mass on the first maximum.
 """
 
 from __future__ import annotations

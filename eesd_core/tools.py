@@ -23,6 +23,7 @@ def add_decoder_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-dir", default=None, help="where fetched models live (None: the XDG cache)")
     products = "how linear layers multiply: auto (a plug-in may time faster CPU products, once per machine)"
     parser.add_argument("--products", default="auto", help=products + " or standard (F.linear)")
+    parser.add_argument("--compile", default="auto", help="how passes run: auto, off (eager) or static")
     add_device_arguments(parser)
 
 
@@ -54,7 +55,8 @@ def load_decoder(args: argparse.Namespace, **overrides: Any) -> Any:
     options: dict[str, Any] = dict(drafter=None if args.drafter == "none" else args.drafter)
     options.update(drafter_options=args.drafter_options, controller=args.controller, verifier=args.verifier)
     options.update(controller_options=args.controller_options, max_draft_tokens=args.max_draft_tokens)
-    options = {"adapter_options": {"products": getattr(args, "products", "auto")}, **options, **overrides}
+    adapter = {name: getattr(args, name, "auto") for name in ("products", "compile")}
+    options = {"adapter_options": adapter, **options, **overrides}
     return SpeculativeDecoder.from_pretrained(str(path), dtype=args.dtype, device=args.device, **options)
 
 

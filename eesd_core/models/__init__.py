@@ -17,38 +17,37 @@ from eesd_core.protocols import ModelAdapter
 
 
 class AdapterOptions(PluginOptions):
-    """``products``: how linear layers multiply: ``"auto"`` takes the first installed plug-in's
-    answer (hook ``eesd_linear_products``; eesd's own times faster products on CPUs), ``"standard"``
-    keeps ``F.linear``, another value is a choice for the plug-ins. ``skip_padding``: a batched pass
-    multiplies only the positions that are not padding; ``"auto"`` skips on CPUs, where a pass costs
-    its positions' arithmetic, not on GPUs, where gathering the rows costs more than it saves."""
+    """``products`` (how linear layers multiply; ``"standard"``: ``F.linear``) and ``compile`` (how
+    passes run; ``"off"``: eagerly, on a cache that grows) are the installed plug-ins' choice under
+    ``"auto"`` (hooks ``eesd_linear_products``, ``eesd_passes``), or name one of theirs.
+    ``skip_padding``: a batched pass multiplies only the positions that are not padding; ``"auto"``
+    skips on CPUs, where a pass costs its positions' arithmetic, not on GPUs, where gathering the
+    rows costs more than it saves."""
 
     products: str = "auto"
     skip_padding: bool | Literal["auto"] = "auto"
+    compile: str = "auto"
 
 
-def linear_products(adapter: Any, choice: str) -> Any:
-    """What the first plug-in implementing ``eesd_linear_products`` makes of ``choice`` (``None``:
-    ``F.linear``); a choice other than ``"auto"`` that no plug-in takes up is an error."""
-    if choice == "standard":
+def from_plugins(hook: str, adapter: Any, what: str, off: str) -> Any:
+    """The first answer of a plug-in implementing ``hook`` to the adapter's option ``what`` (``None``
+    for ``off``: the core's own way); a choice other than ``"auto"`` that none takes is an error."""
+    if (choice := getattr(adapter.options, what)) == off:
         return None
     from eesd_core.registry import get_manager
 
-    found = get_manager().pm.hook.eesd_linear_products(adapter=adapter, choice=choice)
+    found = getattr(get_manager().pm.hook, hook)(adapter=adapter, choice=choice)
     if found is None and choice != "auto":
         raise ConfigError(
-            f"No installed plug-in provides linear products {choice!r} for this model: use "
-            "products='auto' or 'standard' (`eesd plugins` lists what is loaded)."
+            f"No installed plug-in provides {what}={choice!r} for this model: use {what}='auto' or "
+            f"{off!r} (`eesd plugins` lists what is loaded)."
         )
     return found
 
 
 class LazyAdapter:
-    """An adapter class named by module and attribute, imported the first time it is needed.
-
-    ``supports`` answers from ``model_types`` alone when the model's type is not among them, so
-    models of other families never import this one's module.
-    """
+    """An adapter class named by module and attribute, imported the first time it is needed;
+    ``supports`` answers from ``model_types`` alone for other families, without importing it."""
 
     def __init__(self, module: str, name: str, model_types: tuple[str, ...]) -> None:
         self.module, self.name, self.model_types = module, name, model_types

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from eesd_core.cache import KVCache
-from eesd_core.models import AdapterOptions, linear_products
+from eesd_core.models import AdapterOptions, from_plugins
 from eesd_core.models.builtin import LLAMA_TYPES
 
 Linear = Callable[..., torch.Tensor]  # (x, weight, bias) -> F.linear(x, weight, bias)
@@ -80,7 +80,8 @@ class DecoderAdapter:
         self._cache_keyword = _cache_keyword(self._backbone.layers[0])
         self._copies: weakref.WeakKeyDictionary[nn.Module, nn.Module] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
-        self.products = linear_products(self, self.options.products)
+        self.products = from_plugins("eesd_linear_products", self, "products", "standard")
+        self.passes = from_plugins("eesd_passes", self, "compile", "off")
 
     @classmethod
     def supports(cls, model: Any) -> bool:
@@ -115,7 +116,8 @@ class DecoderAdapter:
         return product if index is None else functools.partial(_skipping, index, product or F.linear)
 
     def new_cache(self, num_layers: int | None = None, capacity: int = 64) -> KVCache:
-        return KVCache(self.num_layers if num_layers is None else num_layers, capacity)
+        layers = self.num_layers if num_layers is None else num_layers
+        return KVCache(layers, capacity) if self.passes is None else self.passes.new_cache(layers, capacity)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         return self._backbone.embed_tokens(tokens.view(1, -1) if tokens.dim() < 2 else tokens)
@@ -152,9 +154,14 @@ class DecoderAdapter:
     def _run(
         self, layers: Any, hidden: Any, cache: KVCache, positions: Any, valid: Any, rotary: Any, index: Any
     ) -> torch.Tensor:
-        """One pass, routed (:meth:`_route`), through ``layers``: pairs of a layer and its window."""
+        """One pass, routed (:meth:`_route`), through ``layers`` ((layer, window) pairs); a cache with a
+        ``mask`` of its own masks it, one with ``replay`` may run it (a captured pass, say)."""
+        replay = getattr(cache, "replay", None)
+        out = replay and replay(functools.partial(self._run, layers), hidden, positions, valid)
+        if out is not None:
+            return out
         rotary = self.rotary(hidden, positions) if rotary is None else rotary
-        masks = functools.cache(functools.partial(_mask, hidden, positions, valid))  # one per window
+        masks = functools.cache(functools.partial(getattr(cache, "mask", _mask), hidden, positions, valid))
         rows = hidden.shape[0] * hidden.shape[1] if index is None else len(index)
         token = _PASS.set(self._route(rows, index))
         try:
@@ -229,7 +236,7 @@ def _cache_keyword(layer: nn.Module) -> str:
 def _mask(
     hidden: torch.Tensor, positions: int | torch.Tensor, valid: torch.Tensor | None, window: int | None
 ) -> torch.Tensor | None:
-    """The additive mask of a pass over ``hidden`` (:func:`_padded_mask`); ``None`` where a lone query
+    """The additive mask of a pass over ``hidden`` (:func:`padded_mask`); ``None`` where a lone query
     of a dense layout (``valid`` ``None``) sees every key."""
     m = hidden.shape[1]
     if valid is None:  # every key up to the last query counts
@@ -237,19 +244,19 @@ def _mask(
         if m == 1 and (window is None or total <= window):
             return None
         valid = torch.ones(1, total, dtype=torch.bool, device=hidden.device)
-    return _padded_mask(valid.to(hidden.device), m, window, hidden.dtype)
+    slots = torch.arange(valid.shape[1] - m, valid.shape[1], device=hidden.device)  # the last m
+    return padded_mask(valid.to(hidden.device), slots, window, hidden.dtype)
 
 
-def _padded_mask(valid: torch.Tensor, m: int, window: int | None, dtype: torch.dtype) -> torch.Tensor:
-    """Additive mask ``[B, 1, m, total]``: causal, valid keys only, windowed; a padding query sees
-    itself, so that no row of the softmax is empty."""
-    total = valid.shape[1]
-    slots = torch.arange(total - m, total, device=valid.device).view(-1, 1)
+def padded_mask(valid: torch.Tensor, slots: torch.Tensor, window: int | None, dtype: Any) -> torch.Tensor:
+    """Additive mask ``[B, 1, m, total]`` of queries at slots ``slots`` ``[m]``: causal, valid keys
+    only, windowed; a padding query sees itself, so that no row of the softmax is empty."""
+    total, slots = valid.shape[1], slots.view(-1, 1)
     cols = torch.arange(total, device=valid.device).view(1, -1)
     allowed = (cols <= slots) & valid[:, None, :]  # [B, m, total]
     if window is not None:
         key_positions = valid.long().cumsum(1) - 1  # [B, total]
-        query_positions = key_positions[:, total - m :]  # [B, m]
+        query_positions = key_positions[:, slots[:, 0]]  # [B, m]
         allowed &= key_positions[:, None, :] > query_positions[:, :, None] - window
     allowed |= cols == slots
     return torch.zeros_like(allowed, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
