@@ -42,9 +42,12 @@ def cache_bytes(cache: Any) -> int:
 
 
 def products_of(adapter: Any) -> str:
-    """How a model adapter's linear layers multiply (a products plug-in's choice, or F.linear)."""
+    """How a model adapter's linear layers multiply (a products plug-in's choice, or F.linear), and
+    how it runs its passes where a plug-in runs them (with what capturing them cost so far)."""
     products = getattr(adapter, "products", None)
-    return "standard F.linear for every pass" if products is None else str(products.describe())
+    text = "standard F.linear for every pass" if products is None else str(products.describe())
+    passes = getattr(adapter, "passes", None)
+    return text if passes is None else f"{text}; passes: {passes.describe()}"
 
 
 def environment(model: Any, model_name: str) -> dict[str, Any]:

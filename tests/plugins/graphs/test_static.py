@@ -1,0 +1,220 @@
+"""Decoding on buffers allocated once (``compile="static"``): transformers' tokens, every batch row
+its solo reply, the exact distribution, and the option's errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from eesd_bench.env import products_of
+from eesd_graphs.static import StaticCache
+from tinymodels import make_tiny
+
+from eesd_core import SpeculativeDecoder
+from eesd_core.errors import ConfigError
+from eesd_core.protocols import SamplingParams
+from eesd_core.testing.hf import first_tokens_distribution, tiny_llama
+from eesd_core.testing.kit import Setup
+from eesd_core.testing.oracles import assert_distributions_equal, engine_distribution
+
+STATIC = {"compile": "static"}
+FAMILIES = ["llama", "qwen2", "qwen3", "mistral", "gemma3"]
+
+
+def _decoder(model: torch.nn.Module, k: int, **options: object) -> SpeculativeDecoder:
+    drafter = {"drafter": "early_exit", "drafter_options": {"exit_layer": 2}} if k else {"drafter": None}
+    controller = {"controller": "fixed", "controller_options": {"k": k}} if k else {}
+    return SpeculativeDecoder(model, **drafter, **controller, adapter_options=STATIC | options)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_static_buffers_decode_like_transformers(family: str) -> None:
+    """Plain, early exit with k = 1 and 8 (rejections leave stale slots that the mask must hide);
+    every layer's buffers as wide as the cache."""
+    model = make_tiny(family, 3)
+    ids = torch.randint(3, 97, (1, 9), generator=torch.Generator().manual_seed(3))
+    expected = model.generate(ids, max_new_tokens=40, do_sample=False, eos_token_id=None, pad_token_id=0)
+    for k in (0, 1, 8):
+        dec = _decoder(model, k)
+        generation = dec.stream(ids, max_new_tokens=40, eos_token_id=[])
+        tokens = [token for step in generation for token in step]
+        cache = generation.cache
+        assert isinstance(cache, StaticCache)
+        assert {b.shape[2] for b in (*cache.keys, *cache.values) if b is not None} == {cache.capacity}
+        assert ids[0].tolist() + tokens == expected[0].tolist(), (family, k)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+@pytest.mark.parametrize("skip_padding", [True, False])
+def test_static_batch_rows_equal_their_solo_replies(family: str, skip_padding: bool) -> None:
+    """Ragged prompts (left padding, packed prefills where padding is skipped), rows that stop at
+    different rounds and leave gaps, realignments."""
+    model = make_tiny(family, 5)
+    gen = torch.Generator().manual_seed(5)
+    rows = [torch.randint(3, 97, (n,), generator=gen).tolist() for n in (11, 3, 7, 1)]
+    dec = _decoder(model, 3, skip_padding=skip_padding)
+    out = dec.generate(rows, max_new_tokens=24, eos_token_id=[])
+    for row, sequence in zip(rows, out.sequences, strict=True):
+        solo = model.generate(
+            torch.tensor([row]), max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0
+        )
+        assert sequence.tolist() == solo[0].tolist()
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_static_buffers_widen_when_a_call_outgrows_them(family: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Buffers made too narrow for the call: each pass that reaches past them widens them all."""
+    from eesd_graphs.static import Slab, StaticPasses
+
+    made: list[StaticCache] = []
+
+    def narrow(self: StaticPasses, num_layers: int, capacity: int) -> StaticCache:
+        made.append(StaticCache(self, Slab(num_layers, 4)))
+        return made[-1]
+
+    monkeypatch.setattr(StaticPasses, "new_cache", narrow)
+    model = make_tiny(family, 7)
+    ids = torch.randint(3, 97, (1, 6), generator=torch.Generator().manual_seed(7))
+    expected = model.generate(ids, max_new_tokens=30, do_sample=False, eos_token_id=None, pad_token_id=0)
+    for k in (0, 3):
+        out = _decoder(model, k).generate(ids, max_new_tokens=30, eos_token_id=[])
+        assert torch.equal(out.sequences, expected), (family, k)
+    rows = [ids[0].tolist(), ids[0, 4:].tolist()]
+    out = _decoder(model, 3).generate(rows, max_new_tokens=12, eos_token_id=[])
+    for row, sequence in zip(rows, out.sequences, strict=True):
+        solo = model.generate(
+            torch.tensor([row]), max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0
+        )
+        assert sequence.tolist() == solo[0].tolist()
+    assert made and all(cache.capacity > 4 for cache in made)
+
+
+def test_static_buffers_keep_the_exact_distribution() -> None:
+    """Every random choice of the engine enumerated over an 8-token vocabulary, on static buffers."""
+    model = tiny_llama(vocab_size=8)
+    setup = Setup(
+        model,
+        drafter="early_exit",
+        drafter_options={"exit_layer": 1, "head": None},
+        controller="fixed",
+        max_draft_tokens=2,
+        adapter_options=STATIC,
+    )
+    sampling = SamplingParams(1.0, top_k=3)
+    actual = engine_distribution(setup, [3, 1, 4], 4, sampling)
+    assert_distributions_equal(actual, first_tokens_distribution(model, [3, 1, 4], 4, sampling))
+
+
+def test_compile_choices() -> None:
+    model = make_tiny("llama", 1)
+    assert SpeculativeDecoder(model, drafter=None).adapter.passes is None  # auto: eager
+    static = SpeculativeDecoder(model, drafter=None, adapter_options=STATIC).adapter
+    assert static.passes.describe() == "static buffers, eager passes"
+    assert products_of(static).endswith("; passes: static buffers, eager passes")
+    assert SpeculativeDecoder(model, drafter=None, adapter_options={"compile": "off"}).adapter.passes is None
+    with pytest.raises(ConfigError, match=r"compile='jit'.*compile='auto' or 'off'"):
+        SpeculativeDecoder(model, drafter=None, adapter_options={"compile": "jit"})
+
+
+class Rerun:
+    """A CUDA graph's stand-in on the CPU: ``replay()`` runs the captured pass again, on the buffers
+    it was captured on, into the same output tensor."""
+
+    made: list[Rerun] = []
+
+    def __init__(self, run: object) -> None:
+        self.run, self.replays = run, 0
+        self.out = run()  # type: ignore[operator]
+        Rerun.made.append(self)
+
+    def replay(self) -> None:
+        self.out.copy_(self.run())  # type: ignore[operator]
+        self.replays += 1
+
+
+@pytest.fixture
+def rerun(monkeypatch: pytest.MonkeyPatch) -> list[Rerun]:
+    """``compile="static"`` made ``"graphs"`` on the CPU, with :class:`Rerun` for the graphs."""
+    from eesd_graphs.static import StaticPasses
+
+    Rerun.made = []
+    init = StaticPasses.__init__
+    monkeypatch.setattr(
+        StaticPasses, "__init__", lambda self, adapter, graphs=False: init(self, adapter, True)
+    )
+    monkeypatch.setattr(StaticPasses, "capture", lambda self, run: Rerun(run))
+    return Rerun.made
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_replayed_passes_decode_like_transformers(family: str, rerun: list[Rerun]) -> None:
+    """Every pass a replay of a capture after its shape's first run: the buffers a replay reads
+    hold this pass's inputs, and the cache's lengths move as an eager pass moves them."""
+    model = make_tiny(family, 3)
+    ids = torch.randint(3, 97, (1, 9), generator=torch.Generator().manual_seed(3))
+    expected = model.generate(ids, max_new_tokens=40, do_sample=False, eos_token_id=None, pad_token_id=0)
+    for k in (0, 1, 8):
+        out = _decoder(model, k).generate(ids, max_new_tokens=40, eos_token_id=[])
+        assert torch.equal(out.sequences, expected), (family, k)
+    assert rerun and sum(graph.replays for graph in rerun) > 3 * 20
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_replayed_batches_equal_their_solo_replies(family: str, rerun: list[Rerun]) -> None:
+    model = make_tiny(family, 5)
+    gen = torch.Generator().manual_seed(5)
+    rows = [torch.randint(3, 97, (n,), generator=gen).tolist() for n in (11, 3, 7, 1)]
+    out = _decoder(model, 3, skip_padding=False).generate(rows, max_new_tokens=24, eos_token_id=[])
+    for row, sequence in zip(rows, out.sequences, strict=True):
+        solo = model.generate(
+            torch.tensor([row]), max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0
+        )
+        assert sequence.tolist() == solo[0].tolist()
+    assert sum(graph.replays for graph in rerun) > 10
+
+
+def test_replayed_passes_keep_the_exact_distribution(rerun: list[Rerun]) -> None:
+    model = tiny_llama(vocab_size=8)
+    setup = Setup(
+        model,
+        drafter="early_exit",
+        drafter_options={"exit_layer": 1, "head": None},
+        controller="fixed",
+        max_draft_tokens=2,
+        adapter_options=STATIC,
+    )
+    sampling = SamplingParams(1.0, top_k=3)
+    actual = engine_distribution(setup, [3, 1, 4], 4, sampling)
+    assert_distributions_equal(actual, first_tokens_distribution(model, [3, 1, 4], 4, sampling))
+    assert rerun
+
+
+def test_a_later_call_replays_what_an_earlier_call_captured(rerun: list[Rerun]) -> None:
+    """Once a call's cache is gone its slab (buffers and captured passes) serves the next call
+    that fits; a call running at the same time gets a slab of its own."""
+    model = make_tiny("llama", 3)
+    dec = _decoder(model, 3)
+    gen = torch.Generator().manual_seed(9)
+    prompts = [torch.randint(3, 97, (n,), generator=gen).tolist() for n in (9, 12)]
+    first = dec.stream(prompts[0], max_new_tokens=40, eos_token_id=[])
+    slab = first.cache.slab
+    tokens = [[t for step in first for t in step]]
+    del first
+    captured, replays = len(rerun), sum(graph.replays for graph in rerun)
+    second = dec.stream(prompts[1], max_new_tokens=40, eos_token_id=[])
+    assert second.cache.slab is slab
+    started = next(second)
+    alongside = dec.stream(prompts[0], max_new_tokens=8, eos_token_id=[])
+    assert alongside.cache.slab is not slab
+    tokens.append(started + [t for step in second for t in step])
+    assert captured > 0 and len(rerun) - captured < captured  # most shapes captured already
+    assert sum(graph.replays for graph in rerun[:captured]) - replays >= 20  # and replayed
+    for prompt, new in zip(prompts, tokens, strict=True):
+        solo = model.generate(
+            torch.tensor([prompt]), max_new_tokens=40, do_sample=False, eos_token_id=None, pad_token_id=0
+        )
+        assert prompt + new == solo[0].tolist()
+
+
+def test_graphs_need_cuda() -> None:
+    with pytest.raises(ConfigError, match=r"compile='graphs' captures CUDA graphs.*compile='static'"):
+        SpeculativeDecoder(make_tiny("llama", 1), drafter=None, adapter_options={"compile": "graphs"})
