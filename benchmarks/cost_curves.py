@@ -35,6 +35,9 @@ On a CUDA GPU (bfloat16; one H100 holds the 8B shape, 16 GB of weights)::
     python benchmarks/cost_curves.py --shape llama-3-8b --device cuda --dtype bfloat16 \\
         --out benchmarks/out/costs-llama-3-8b.json
 
+``--compile graphs`` times the same passes captured into CUDA graphs (each shape is captured in the
+warm-up runs); ``--compile static`` runs them eagerly on the buffers graphs capture.
+
 On a CPU, a few layers of a small shape::
 
     python benchmarks/cost_curves.py --shape smollm2-135m --layers 4 --repeats 5 --threads 1
@@ -129,7 +132,8 @@ MAX_K = 8  # the modelled k = 0..8, so the rest of the target is timed over m = 
 ROUND_KS = (0, 1, 2, 4, 8)
 ALPHAS = (0.5, 0.6, 0.7, 0.8)
 WARMUP = 3
-VERIFY_LIMIT, OVERHEAD_LIMIT = 1.2, 0.10
+VERIFY_LIMIT, OVERHEAD_LIMIT, MEMORY_LIMIT = 1.2, 0.10, 1.6
+COPY_BYTES = {"cuda": 2 << 30, "cpu": 256 << 20, "mps": 256 << 20}  # the copy that measures bandwidth
 
 
 def build_model(
@@ -171,6 +175,19 @@ def timed(clock: Clock, run: Callable[[], Any], reset: Callable[[], None], repea
         times.append(clock() - start)
         reset()
     return {"median": statistics.median(times), "times": times}
+
+
+def memory(model: Any, device: torch.device, clock: Clock, repeats: int) -> dict[str, float]:
+    """What a plain step must read of the weights (every parameter once, but of an input embedding
+    not shared with the LM head one row only) and the bandwidth of a copy on ``device`` (bytes
+    read plus bytes written over its median time): the floor a step's time is held against."""
+    embed, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    total = sum(p.numel() * p.element_size() for p in model.parameters())  # a tied matrix once
+    read = total if embed.data_ptr() == head.data_ptr() else total - embed.numel() * embed.element_size()
+    source = torch.empty(COPY_BYTES[device.type], dtype=torch.uint8, device=device)
+    target = torch.empty_like(source)
+    copy = timed(clock, lambda: target.copy_(source), lambda: None, max(3, min(repeats, 10)))
+    return {"weight_bytes": read, "copy_bandwidth": 2 * source.numel() / copy["median"]}
 
 
 def random_ids(count: int, vocab: int) -> torch.Tensor:
@@ -288,12 +305,17 @@ def hf_step(model: Any, passes: Passes, clock: Clock, repeats: int) -> dict[str,
 def round_times(model: Any, n: int, k: int | None, args: argparse.Namespace, clock: Clock) -> list[float]:
     """Seconds of each round of one greedy generation that drafted k tokens (``None``: plain
     decoding), timed from outside the engine; the first round, which prefills, is left out."""
+    adapter = {"compile": args.compile}
     if k is None:
-        dec = SpeculativeDecoder(model, drafter=None)
+        dec = SpeculativeDecoder(model, drafter=None, adapter_options=adapter)
     else:
         options = {"exit_layer": n, "head": None}
         dec = SpeculativeDecoder(
-            model, drafter_options=options, controller="fixed", controller_options={"k": k}
+            model,
+            drafter_options=options,
+            controller="fixed",
+            controller_options={"k": k},
+            adapter_options=adapter,
         )
     prompt = random_ids(args.context, dec.adapter.vocab_size).tolist()
     dec.generate(prompt, max_new_tokens=MAX_K + 2, eos_token_id=[])  # warm-up
@@ -394,9 +416,10 @@ def modelled(timings: dict[str, Any], over: dict[str, Any], alphas: Sequence[flo
     }
 
 
-def checks(timings: dict[str, Any], over: dict[str, Any]) -> list[dict[str, Any]]:
+def checks(timings: dict[str, Any], over: dict[str, Any], floor: dict[str, float]) -> list[dict[str, Any]]:
     verify = [v["median"] for v in timings["verify"]]
     rows = verify[MAX_K] / verify[0]
+    bound = verify[0] / (floor["weight_bytes"] / floor["copy_bandwidth"])
     worst = max(o["of_plain"] for o in over["by_k"].values())
     ks = ", ".join(over["by_k"])
     return [
@@ -414,6 +437,13 @@ def checks(timings: dict[str, Any], over: dict[str, Any]) -> list[dict[str, Any]
             "limit": OVERHEAD_LIMIT,
             "pass": worst <= OVERHEAD_LIMIT,
         },
+        {
+            "name": f"a plain step within {MEMORY_LIMIT}x of reading the weights at the copy bandwidth",
+            "measure": "plain step / (weight bytes / copy bandwidth)",
+            "ratio": bound,
+            "limit": MEMORY_LIMIT,
+            "pass": bound <= MEMORY_LIMIT,
+        },
     ]
 
 
@@ -427,7 +457,8 @@ def report(result: dict[str, Any]) -> list[str]:
     plain = t["plain_step"]["median"]
     lines = [
         f"cost curves: {result['shape']}, {result['layers']} of {result['full_layers']} layers, "
-        f"{result['device']} {result['dtype']}, {result['threads']} thread(s); context {result['context']}; "
+        f"{result['device']} {result['dtype']}, {result['threads']} thread(s), passes {result['compile']}; "
+        f"context {result['context']}; "
         f"median of {result['repeats']} after {WARMUP} warm-up runs; ms",
         f"plain step (eesd, one position)        {ms(plain)}",
         f"transformers forward (one token)       {ms(t['hf_forward']['median'])}"
@@ -510,6 +541,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--tokens", type=int, default=64, help="new tokens of each timed generation")
     parser.add_argument("--alpha", type=numbers(float), default=[], help="more acceptance rates to model")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
+    parser.add_argument(
+        "--compile", default="off", help="how the adapter runs passes: off (eager), static or graphs (CUDA)"
+    )
     parser.add_argument("--out", type=Path, help="write every timing here as JSON")
     add_sdpa_argument(parser)
     args = parser.parse_args(argv)
@@ -544,10 +578,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         torch.set_num_threads(args.threads)
     clock = Clock(args.device)
     model = build_model(args.shape, args.layers, args.device, args.dtype)
-    adapter = SpeculativeDecoder(model, drafter=None).adapter
+    adapter = SpeculativeDecoder(model, drafter=None, adapter_options={"compile": args.compile}).adapter
     with attention_kernels(args.sdpa):
         with torch.inference_mode():
             timings = measure_passes(model, adapter, args, clock)
+            floor = memory(model, args.device, clock, args.repeats)
         rounds = measure_rounds(model, args, clock)
     over = overhead(timings, rounds)
     env = environment(model, args.shape)
@@ -567,6 +602,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "transformers": transformers.__version__,
         "attention": model.config._attn_implementation,
         "products": products_of(adapter),
+        "compile": args.compile,
         "repeats": args.repeats,
         "warmup": WARMUP,
         "context": args.context,
@@ -578,7 +614,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "timings": {**timings, "rounds": rounds},
         "overhead": over,
         "modelled": modelled(timings, over, args.alphas),
-        "checks": checks(timings, over),
+        "memory": floor,
+        "checks": checks(timings, over, floor),
     }
     print("\n".join(report(result)))
     if args.out is not None:

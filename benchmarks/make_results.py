@@ -261,7 +261,7 @@ def cost_row(r: Result) -> list[str]:
     d = r.data
     best = {n: e["best"][0] for n, e in d["modelled"]["by_exit_layer"].items()}
     return [
-        d["dtype"],
+        f"{d['dtype']}, {d.get('compile', 'off')}",
         f"{1e3 * d['timings']['plain_step']['median']:.2f} ms",
         f"{1e3 * d['timings']['hf_forward']['median']:.2f} ms",
         ", ".join(f"N={n} {x(b['speedup'])} (k={b['k']})" for n, b in best.items()),
@@ -272,7 +272,13 @@ def cost_row(r: Result) -> list[str]:
 def cost_columns(results: list[Result]) -> list[str]:
     alphas = {r.data["modelled"]["alphas"][0] for r in results}
     alpha = alphas.pop() if len(alphas) == 1 else "the first alpha"
-    return ["dtype", "plain step", "transformers forward", f"modelled speedup at alpha {alpha}", "checks"]
+    return [
+        "dtype, passes",
+        "plain step",
+        "transformers forward",
+        f"modelled speedup at alpha {alpha}",
+        "checks",
+    ]
 
 
 # benchmarks/exit_sweep.py: one row per head.

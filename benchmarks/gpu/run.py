@@ -35,11 +35,12 @@ def steps(out: Path, questions: Path, device: str) -> list[tuple[str, list[str],
     """(name, command, seconds allowed). The bench files are named as `benchmarks/results/` keeps them."""
     model = f"--model {MODEL} --device {device} --dtype bfloat16"
     bench = f"{model} --questions {questions} --max-new-tokens 64 {SDPA}"
+    graphs = "eesd_plain_graphs eesd_default_graphs" if device.startswith("cuda") else ""  # CUDA only
     eesd = {
-        "bench": f"bench {bench} --per-category 1 --methods hf hf_static eesd_plain eesd_default "
+        "bench": f"bench {bench} --per-category 1 --methods hf hf_static eesd_plain eesd_default {graphs} "
         f"--no-memory --no-progress --out {out / 'bench'}",
         "bench-batch": f"bench-batch {bench} --batch-sizes 1 4 16 64 --methods hf eesd_plain eesd_default "
-        f"--repeats 2 --out {out / 'bench-batch'}",
+        f"{graphs} --repeats 2 --out {out / 'bench-batch'}",
         "costs": f"costs measure {model} --batch-sizes 1 4 16 {SDPA} "
         f"--out {out / f'{MACHINE}-{MODEL}-bfloat16.json'}",
     }
@@ -53,9 +54,30 @@ def steps(out: Path, questions: Path, device: str) -> list[tuple[str, list[str],
         "-p",
         "no:cacheprovider",
         "tests/core/test_cuda.py",
+        "tests/plugins/graphs/test_cuda_graphs.py",
     ]
-    limits = {"bench": 240, "bench-batch": 200, "costs": 90}
-    return [("cuda-tests", tests, 240)] + [(k, [*CLI, *shlex.split(v)], limits[k]) for k, v in eesd.items()]
+    limits = {"bench": 300, "bench-batch": 240, "costs": 90}
+    runs = [("cuda-tests", tests, 240)] + [(k, [*CLI, *shlex.split(v)], limits[k]) for k, v in eesd.items()]
+    return runs + curves(out, device)
+
+
+def curves(out: Path, device: str) -> list[tuple[str, list[str], int]]:
+    """Cost curves of the 1.5B and 8B shapes (random weights) with passes captured into CUDA
+    graphs; on a CPU, the same plumbing on four layers of static buffers."""
+    script = [sys.executable, str(REPO / "benchmarks" / "cost_curves.py")]
+    cuda = device.startswith("cuda")
+    common = f"--device {device} --dtype bfloat16 --repeats 10 --compile {'graphs' if cuda else 'static'}"
+    small = "" if cuda else " --layers 4 --context 64 --tokens 24"
+    found = []
+    for name, shape, extra, limit in (
+        ("curves-1.5b", "qwen2.5-1.5b", "--exit-mlp-width 1536 --alpha 0.5", 180),
+        ("curves-8b", "llama-3-8b", "--exit-layers 4,8" if cuda else "", 240),
+    ):
+        target = out / f"cost-curves-{shape}-graphs-{MACHINE}.json"
+        found.append(
+            (name, [*script, *shlex.split(f"--shape {shape} {common} {extra}{small} --out {target}")], limit)
+        )
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,8 +17,9 @@ A spec is ``KIND`` or ``KIND:key=value,...`` with KIND one of
   on any device, CPUs included) or ``false`` (never);
 - ``eesd``: a :class:`~eesd_core.engine.SpeculativeDecoder`; keys ``drafter`` (``none`` for plain
   decoding), ``controller``, ``verifier``, ``max_draft_tokens``, ``products`` (how the model
-  adapter's linear layers multiply: ``auto``, ``standard``, ``transposed`` or ``onednn``) and ``skip_padding``
-  (``false``: batched passes multiply padding positions too); ``drafter.X`` and
+  adapter's linear layers multiply: ``auto``, ``standard``, ``transposed`` or ``onednn``), ``skip_padding``
+  (``false``: batched passes multiply padding positions too) and ``compile`` (how passes run:
+  ``auto``, ``off`` or ``static``, buffers allocated once); ``drafter.X`` and
   ``controller.X`` set plug-in options, and any other key is a controller option, so
   ``eesd:controller=fixed,k=4`` drafts four tokens a round;
 - ``oracle``: not run, but replayed from a recorded trace (the best draft length in hindsight).
@@ -64,6 +65,8 @@ PRESETS: dict[str, str] = {
     "eesd_default": "eesd",
     "eesd_default_dense": "eesd:skip_padding=false",
     "eesd_plain_dense": "eesd:drafter=none,skip_padding=false",
+    "eesd_plain_graphs": "eesd:drafter=none,compile=graphs",
+    "eesd_default_graphs": "eesd:compile=graphs",
     "eesd_fixed_k1": "eesd:controller=fixed,k=1",
     "eesd_fixed_k2": "eesd:controller=fixed,k=2",
     "eesd_fixed_k4": "eesd:controller=fixed,k=4",
@@ -125,7 +128,7 @@ class MethodSpec:
         for key, value in self.options.items():
             if key in DECODER_KEYS:
                 kwargs[key] = value
-            elif key in ("products", "skip_padding"):
+            elif key in ("products", "skip_padding", "compile"):
                 kwargs.setdefault("adapter_options", {})[key] = value
             elif key.startswith("drafter."):
                 drafter_options[key.removeprefix("drafter.")] = value

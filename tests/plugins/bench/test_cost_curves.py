@@ -1,5 +1,5 @@
 """``benchmarks/cost_curves.py`` on the tiny shape: every timing lands in the JSON, beside the
-modelled speedups and the two checks; a device or dtype it cannot use is refused by name."""
+modelled speedups and the three checks; a device or dtype it cannot use is refused by name."""
 
 from __future__ import annotations
 
@@ -82,14 +82,19 @@ def test_speedups_are_modelled_for_each_alpha(tiny_run: tuple[dict, str, Path]) 
     assert len(model["by_exit_layer"]["2"]["costs"]["verify"]) == 9
 
 
-def test_both_checks_carry_their_ratio(tiny_run: tuple[dict, str, Path]) -> None:
+def test_the_checks_carry_their_ratio(cost_curves: ModuleType, tiny_run: tuple[dict, str, Path]) -> None:
     data, _, _ = tiny_run
-    rows, over = data["checks"]
-    verify = data["timings"]["verify"]
-    assert "verification" in rows["name"] and "overhead" in over["name"]
+    rows, over, bound = data["checks"]
+    verify, floor = data["timings"]["verify"], data["memory"]
+    assert "verification" in rows["name"] and "overhead" in over["name"] and "weights" in bound["name"]
     assert rows["ratio"] == pytest.approx(verify[8]["median"] / verify[0]["median"])
     assert over["ratio"] == max(o["of_plain"] for o in data["overhead"]["by_k"].values())
-    for check in (rows, over):
+    model = cost_curves.build_model("tiny", 4, torch.device("cpu"), torch.float32)
+    embed = model.get_input_embeddings().weight.numel()  # untied: a step reads one row of it
+    tiny = (sum(p.numel() for p in model.parameters()) - embed) * 4
+    assert floor["weight_bytes"] == tiny and floor["copy_bandwidth"] > 0
+    assert bound["ratio"] == pytest.approx(verify[0]["median"] * floor["copy_bandwidth"] / tiny)
+    for check in (rows, over, bound):
         assert check["pass"] == (check["ratio"] <= check["limit"])
 
 
