@@ -110,7 +110,7 @@ class EarlyExitDrafter(JoinedRounds):
     # -- the protocol -------------------------------------------------------------------------
 
     def begin(self, cache: KVCache, layout: Any, hidden: torch.Tensor | None) -> ExitState:
-        state = ExitState(cache, layout, self.head.new_cache())
+        state = ExitState(cache, layout, self.head.new_cache(layout.capacity))
         if hidden is not None and hidden.shape[1]:
             self._defer(state, hidden)
         return state

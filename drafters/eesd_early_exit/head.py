@@ -37,7 +37,7 @@ class UntrainedHead(nn.Module):
         self.adapter = adapter
         self.exit_layer = exit_layer
 
-    def new_cache(self) -> KVCache:
+    def new_cache(self, capacity: int | None = None) -> KVCache:
         return KVCache(0)
 
     def hidden(
@@ -162,8 +162,12 @@ class ExitHead(nn.Module):
             )
             self.subset_head.weight.data.copy_(weight.data[vocab_ids.to(weight.device)])
 
-    def new_cache(self) -> KVCache:
-        return KVCache(self.num_layers)
+    def new_cache(self, capacity: int | None = None) -> KVCache:
+        """A cache of the exit layers: one that grows, or, where the adapter runs its passes on
+        buffers allocated once (``compile``), one of those for a call of ``capacity`` slots."""
+        if capacity is None or getattr(self.adapter, "passes", None) is None:
+            return KVCache(self.num_layers)
+        return self.adapter.new_cache(self.num_layers, capacity)
 
     def hidden(
         self,

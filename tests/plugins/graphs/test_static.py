@@ -3,14 +3,19 @@ its solo reply, the exact distribution, and the option's errors."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from eesd_bench.env import products_of
+from eesd_early_exit.head import ExitHead
+from eesd_early_exit.headfile import save_head
 from eesd_graphs.static import StaticCache
 from tinymodels import make_tiny
 
 from eesd_core import SpeculativeDecoder
 from eesd_core.errors import ConfigError
+from eesd_core.models import find_adapter
 from eesd_core.protocols import SamplingParams
 from eesd_core.testing.hf import first_tokens_distribution, tiny_llama
 from eesd_core.testing.kit import Setup
@@ -218,3 +223,49 @@ def test_a_later_call_replays_what_an_earlier_call_captured(rerun: list[Rerun]) 
 def test_graphs_need_cuda() -> None:
     with pytest.raises(ConfigError, match=r"compile='graphs' captures CUDA graphs.*compile='static'"):
         SpeculativeDecoder(make_tiny("llama", 1), drafter=None, adapter_options={"compile": "graphs"})
+
+
+def _head_files(model: torch.nn.Module, folder: Path) -> dict[str, str]:
+    """Exit heads at layer 3 of 4 (an exit layer of their own, on the exit cache): one reading
+    layer 3 alone, one also reading the target's top state; noise makes some drafts wrong."""
+    adapter = find_adapter(model)
+    torch.manual_seed(3)
+    plain = ExitHead(adapter, 3).to(torch.float64)
+    top = ExitHead(adapter, 3, top_input=True).to(torch.float64)
+    with torch.no_grad():
+        for head in (plain, top):
+            for p in head.parameters():
+                p.add_(0.02 * torch.randn_like(p))
+        top.fuse.weight[:, adapter.hidden_size :].normal_(0, 0.02)
+    return {
+        name: str(save_head(h, adapter, folder / f"{name}.safetensors"))
+        for name, h in (("exit", plain), ("top", top))
+    }
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["static", "replayed"])
+@pytest.mark.parametrize("family", ["qwen2", "gemma3"])
+def test_exit_heads_draft_on_static_buffers(family: str, graphs: bool, tmp_path: Path, request) -> None:  # noqa: ANN001
+    """The exit layers' own cache is a static one too (and their passes replayed), alone and in a
+    ragged batch, with rows that stop at different rounds."""
+    if graphs:
+        request.getfixturevalue("rerun")
+    model = make_tiny(family, 2)
+    gen = torch.Generator().manual_seed(4)
+    rows = [torch.randint(3, 97, (n,), generator=gen).tolist() for n in (8, 3, 11)]
+    for name, path in _head_files(model, tmp_path).items():
+        fixed = {"controller": "fixed", "controller_options": {"k": 3}}
+        dec = SpeculativeDecoder(model, drafter_options={"head": path}, **fixed, adapter_options=STATIC)  # type: ignore[arg-type]
+        generation = dec.stream(rows[0], max_new_tokens=32, eos_token_id=[])
+        alone = rows[0] + [t for step in generation for t in step]
+        exit_cache = generation.draft_state.exit_cache
+        assert isinstance(exit_cache, StaticCache), name
+        assert any(entry is not None for entry in exit_cache.captured.values()) == graphs, name
+        assert generation.stats.accepted > 0, name
+        batch = dec.generate(rows, max_new_tokens=32, eos_token_id=[]).sequences
+        for row, sequence in zip(rows, batch, strict=True):
+            solo = model.generate(
+                torch.tensor([row]), max_new_tokens=32, do_sample=False, eos_token_id=None, pad_token_id=0
+            )
+            assert sequence.tolist() == solo[0].tolist(), (family, name)
+        assert alone == batch[0].tolist()
