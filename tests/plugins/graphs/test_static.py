@@ -269,3 +269,42 @@ def test_exit_heads_draft_on_static_buffers(family: str, graphs: bool, tmp_path:
             )
             assert sequence.tolist() == solo[0].tolist(), (family, name)
         assert alone == batch[0].tolist()
+
+
+class HostReads(torch.overrides.TorchFunctionMode):
+    """Counts what would read a device tensor on the host (``item``, ``tolist``, ``bool``, ``int``,
+    ``float``, ``numpy``, a copy to the CPU) while ``inside`` is true."""
+
+    READS = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "numpy", "cpu"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inside, self.reads = False, []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        name = getattr(func, "__name__", "")
+        if self.inside and name in self.READS:
+            self.reads.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("k", [0, 3])
+def test_a_static_pass_reads_nothing_from_the_device(k: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inside every pass over the layers (the part a graph captures), nothing reads a tensor on the
+    host: on a GPU each such read would wait for the device, and a capture would refuse it."""
+    from eesd_core.models.base import DecoderAdapter
+
+    counter, run = HostReads(), DecoderAdapter._run
+
+    def watched(self, *args):  # noqa: ANN001, ANN202
+        counter.inside = True
+        try:
+            return run(self, *args)
+        finally:
+            counter.inside = False
+
+    monkeypatch.setattr(DecoderAdapter, "_run", watched)
+    model = make_tiny("gemma3", 2)
+    with counter:
+        _decoder(model, k).generate(list(range(3, 12)), max_new_tokens=16, eos_token_id=[])
+    assert counter.reads == []
