@@ -254,6 +254,21 @@ def round_overhead_rows(r: Result) -> list[list[str]]:
 ROUND_OVERHEAD_COLUMNS = ["model", "rows", "method", "a round (median)", "vs plain", "drafted"]
 
 
+# benchmarks/timed_replay.py: one row per batch size.
+
+
+def timed_replay_rows(r: Result) -> list[list[str]]:
+    d = r.data
+    where = f"{d['shape']} shape ({d['layers']} layers), {d['device']} {d['dtype']}"
+    return [
+        [where, f"B={size}", ", ".join(f"{name} {value:.3f}x" for name, value in found.items())]
+        for size, found in d["ratios"].items()
+    ]
+
+
+TIMED_REPLAY_COLUMNS = ["model", "rows", "ratios (time per token, the first over the second)"]
+
+
 # benchmarks/cost_curves.py
 
 
@@ -457,6 +472,12 @@ BENCHMARKS = {
         "A round that drafts nothing (always_no) against a plain step, medians over interleaved repeats.",
         fixed(ROUND_OVERHEAD_COLUMNS),
         round_overhead_rows,
+    ),
+    "timed-replay": Benchmark(
+        "Timed replays (`benchmarks/timed_replay.py`)",
+        "Random weights; every pass and host step run, acceptance and confidences REPLAYED from a trace.",
+        fixed(TIMED_REPLAY_COLUMNS),
+        timed_replay_rows,
     ),
     "cost-curves": Benchmark(
         "Cost curves (`benchmarks/cost_curves.py`)",

@@ -63,7 +63,8 @@ def steps(out: Path, questions: Path, device: str) -> list[tuple[str, list[str],
 
 def curves(out: Path, device: str) -> list[tuple[str, list[str], int]]:
     """Cost curves of the 1.5B and 8B shapes (random weights) with passes captured into CUDA
-    graphs; on a CPU, the same plumbing on four layers of static buffers."""
+    graphs, and the 1.5B shape's timed replay of the shipped trace's code prompts, eager and
+    graphed; on a CPU, the same plumbing on four layers of static buffers."""
     script = [sys.executable, str(REPO / "benchmarks" / "cost_curves.py")]
     cuda = device.startswith("cuda")
     common = f"--device {device} --dtype bfloat16 --repeats 10 --compile {'graphs' if cuda else 'static'}"
@@ -77,7 +78,15 @@ def curves(out: Path, device: str) -> list[tuple[str, list[str], int]]:
         found.append(
             (name, [*script, *shlex.split(f"--shape {shape} {common} {extra}{small} --out {target}")], limit)
         )
-    return found
+    replay = [sys.executable, str(REPO / "benchmarks" / "timed_replay.py")]
+    choices = "off graphs" if cuda else "off static"
+    sizes = "1 4 16 64" if cuda else "1 2 --layers 4 --repeats 1"
+    target = out / f"timed-replay-qwen2.5-1.5b-{MACHINE}.json"
+    settings = (
+        f"--shape qwen2.5-1.5b --device {device} --dtype bfloat16 --compile {choices} --exit-mlp-width 1536"
+    )
+    settings += f" --categories own_code coding --batch-sizes {sizes} --out {target}"
+    return [*found, ("replay-1.5b", [*replay, *shlex.split(settings)], 300)]
 
 
 def main(argv: list[str] | None = None) -> int:
