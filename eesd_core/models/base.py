@@ -156,7 +156,7 @@ class DecoderAdapter:
     ) -> torch.Tensor:
         """One pass, routed (:meth:`_route`), through ``layers`` ((layer, window) pairs); a cache with a
         ``mask`` of its own masks it, one with ``replay`` may run it (a captured pass, say)."""
-        replay = getattr(cache, "replay", None)
+        replay = getattr(cache, "replay", None) if index is None else None  # a replay runs every row
         out = replay and replay(functools.partial(self._run, layers), hidden, positions, valid)
         if out is not None:
             return out

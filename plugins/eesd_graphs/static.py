@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,6 +27,14 @@ from eesd_core.models.base import padded_mask
 
 #: Slabs kept for the calls to come once theirs ended (each holds a call's keys and values).
 KEPT_SLABS = 2
+#: Passes over more positions than this (prefills, backlogs) always run eagerly: each shape would
+#: keep a graph, and its memory, for a pass that a call makes once.
+MOST_CAPTURED_POSITIONS = 16
+#: Captured passes a slab keeps at most; further shapes run eagerly.
+MOST_CAPTURED = 64
+#: One capture at a time in the process: a capture synchronises the device and shares torch's
+#: capture stream.
+_CAPTURING = threading.Lock()
 
 
 class StaticPasses:
@@ -35,10 +44,10 @@ class StaticPasses:
     decoder captures each shape of pass once, not once per call."""
 
     def __init__(self, adapter: Any, graphs: bool = False) -> None:
-        self.adapter, self.graphs = adapter, graphs
-        self.captures, self.capture_seconds = 0, 0.0  # so far, over every call of the decoder
+        self.device, self.graphs = adapter.device, graphs  # not the adapter: it holds this
+        self.captures, self.capture_seconds, self.failed = 0, 0.0, 0  # over every call so far
         self._free: list[Slab] = []
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # _keep may run from a collection inside new_cache
 
     def describe(self) -> str:
         if not self.graphs:
@@ -57,6 +66,10 @@ class StaticPasses:
             slab = min(fits, key=lambda s: s.capacity) if fits else Slab(num_layers, -(-capacity // 64) * 64)
             if fits:
                 self._free.remove(slab)
+        with torch.inference_mode():  # what a failed call left (NaN, say) would meet a zero weight
+            for buffer in (*slab.keys, *slab.values):
+                if buffer is not None:
+                    buffer.zero_()
         cache = StaticCache(self, slab)
         weakref.finalize(cache, self._keep, slab)
         return cache
@@ -68,7 +81,8 @@ class StaticPasses:
     def capture(self, run: Callable[[], torch.Tensor]) -> Any:
         """A graph of ``run``: ``replay()`` runs it again, ``out`` is where it leaves its output."""
         start = time.perf_counter()
-        graph = CudaGraph(run, self.adapter.device)
+        with _CAPTURING:
+            graph = CudaGraph(run, self.device)
         with self._lock:
             self.captures, self.capture_seconds = (
                 self.captures + 1,
@@ -104,8 +118,7 @@ class Slab:
     capacity: int
     keys: list[torch.Tensor | None] = field(default_factory=list)
     values: list[torch.Tensor | None] = field(default_factory=list)
-    captured: dict[tuple[Any, ...], Captured | None] = field(default_factory=dict)  # None: met once
-    runner: StaticCache | None = None  # the cache that captures run on
+    captured: dict[tuple[Any, ...], Captured | bool | None] = field(default_factory=dict)  # None: met once
 
     def __post_init__(self) -> None:
         self.keys, self.values = [None] * self.num_layers, [None] * self.num_layers
@@ -149,7 +162,7 @@ class StaticCache(KVCache):
             return old
         self.captured.clear()  # new buffers: what was captured reads the old ones
         new = like.new_zeros((*like.shape[:2], self.capacity, like.shape[3]))
-        if old is not None:
+        if old is not None and old.shape[0] == like.shape[0]:  # widened; other rows: a new call's
             new[:, :, : old.shape[-2]] = old[:, :, : self.capacity]
         return new
 
@@ -217,25 +230,36 @@ class StaticCache(KVCache):
     ) -> torch.Tensor | None:
         """The pass ``run(hidden, cache, positions, valid, rotary, index)`` replayed from its
         capture, or ``None`` to run it as it comes: without graphs, with gradients, the first time
-        a shape meets these layers (captured the second time), or where buffers are missing."""
-        if self.passes is None or not self.passes.graphs or self._capturing or torch.is_grad_enabled():
+        a shape meets these layers (captured the second time), over many positions, where buffers
+        are missing, or where its capture failed."""
+        passes = self.passes
+        if passes is None or not passes.graphs or self._capturing or torch.is_grad_enabled():
             return None
-        layers = [layer.self_attn.layer_idx for layer, _ in run.args[0]]  # type: ignore[attr-defined]
+        pairs, m = run.args[0], hidden.shape[1]  # type: ignore[attr-defined]
+        layers = [layer.self_attn.layer_idx for layer, _ in pairs]
+        if m > MOST_CAPTURED_POSITIONS or any(self._unready(i, hidden.shape[0]) for i in layers):
+            return None  # a prefill or a backlog, a layer's first pass, or buffers about to widen
         self.prepare(hidden, positions, valid)
-        slots, seen, m = self.slots, self.seen, hidden.shape[1]
-        if slots is None or seen is None or any(self._unready(i, hidden.shape[0]) for i in layers):
-            return None  # a layer's first pass (a prefill), or buffers about to widen
-        ids = positions.to(hidden.device) if isinstance(positions, torch.Tensor) else slots[None]
-        key = (tuple(layers), tuple(hidden.shape), tuple(ids.shape), tuple(seen.shape))
-        if key not in self.captured:
-            self.captured[key] = None
+        slots, seen = self.slots, self.seen
+        if slots is None or seen is None or self._unready(layers[0], hidden.shape[0]):
             return None
+        ids = positions.to(hidden.device) if isinstance(positions, torch.Tensor) else slots[None]
+        modules = tuple(id(layer) for layer, _ in pairs)  # a slab may serve the exit layers next
+        key = (modules, tuple(layers), tuple(hidden.shape), tuple(ids.shape), tuple(seen.shape))
+        entry = self.captured.get(key, True)
+        if entry is True:
+            if len(self.captured) < MOST_CAPTURED:
+                self.captured[key] = None
+            return None
+        if entry is False:
+            return None  # its capture failed: eager for good
         before = [self.lengths[i] for i in layers]
-        entry = self.captured[key]
         if entry is None:
             entry = Captured(hidden.clone(), ids.clone(), slots.clone(), seen.clone())
-            runner = self.slab.runner = self.slab.runner or StaticCache(self.passes, self.slab)
-            entry.graph = self.passes.capture(lambda: runner._again(run, entry))  # type: ignore[arg-type]
+            entry.graph = self._capture(run, entry)
+            if entry.graph is None:
+                self.captured[key] = False
+                return None
             self.captured[key] = entry
         else:
             for buffer, new in ((entry.hidden, hidden), (entry.positions, ids), (entry.slots, slots)):
@@ -246,16 +270,31 @@ class StaticCache(KVCache):
             self.lengths[i] = length + m
         return entry.graph.out.clone()
 
+    def _capture(self, run: Callable[..., torch.Tensor], entry: Captured) -> Any:
+        """``entry``'s pass captured (on a cache of the slab's own, which keeps no call's cache
+        alive), or ``None`` with a warning where capture fails: the pass then runs eagerly."""
+        capturing = StaticCache(None, self.slab)
+        try:
+            return self.passes.capture(lambda: capturing._again(run, entry))  # type: ignore[union-attr]
+        except Exception as exc:  # a pass that reads the device, hooks that move weights, ...
+            self.passes.failed += 1  # type: ignore[union-attr]
+            warnings.warn(
+                f"eesd: a pass over {entry.hidden.shape[1]} positions could not be captured into a CUDA "
+                f"graph ({type(exc).__name__}: {exc}); it runs eagerly",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return None
+
     def _unready(self, layer: int, rows: int) -> bool:
         buffer = self.keys[layer]
         return buffer is None or buffer.shape[-2] != self.capacity or buffer.shape[0] != rows
 
     def _again(self, run: Callable[..., torch.Tensor], entry: Captured) -> torch.Tensor:
-        """The pass on ``entry``'s buffers, as a capture records it (on the slab's own cache, which
-        keeps no call's cache alive; its lengths mean nothing)."""
+        """The pass on ``entry``'s buffers, as a capture records it (this cache's lengths mean nothing)."""
         saved = self._capturing, self.slots, self.seen
-        self.lengths = [0] * self.num_layers
         self._capturing, self.slots, self.seen = True, entry.slots, entry.seen
+        self.lengths = [0] * self.num_layers
         try:
             return run(entry.hidden, self, entry.positions, None, None, None)
         finally:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from eesd_graphs.static import CudaGraph, StaticCache
+from eesd_graphs.static import Captured, CudaGraph, StaticCache
 from tinymodels import GREEDY_SETUPS, greedy_reference, make_tiny
 
 from eesd_core import SpeculativeDecoder
@@ -33,7 +33,7 @@ def test_graphed_greedy_agrees_with_transformers(family: str, dtype: torch.dtype
         dec = SpeculativeDecoder(model, **options, adapter_options=GRAPHS)
         generation = dec.stream(prompt, max_new_tokens=40, eos_token_id=[])
         tokens = [token for step in generation for token in step]
-        replayed = [entry for entry in generation.cache.captured.values() if entry is not None]
+        replayed = [entry for entry in generation.cache.captured.values() if isinstance(entry, Captured)]
         assert isinstance(generation.cache, StaticCache) and replayed, (family, name)
         assert all(isinstance(entry.graph, CudaGraph) for entry in replayed)
         agreement = compare_greedy(expected, tokens, dtype, logits)

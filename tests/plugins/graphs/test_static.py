@@ -3,6 +3,7 @@ its solo reply, the exact distribution, and the option's errors."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ import torch
 from eesd_bench.env import products_of
 from eesd_early_exit.head import ExitHead
 from eesd_early_exit.headfile import save_head
-from eesd_graphs.static import StaticCache
+from eesd_graphs.static import Captured, StaticCache
 from tinymodels import make_tiny
 
 from eesd_core import SpeculativeDecoder
@@ -177,6 +178,7 @@ def test_replayed_batches_equal_their_solo_replies(family: str, rerun: list[Reru
     assert sum(graph.replays for graph in rerun) > 10
 
 
+@pytest.mark.slow
 def test_replayed_passes_keep_the_exact_distribution(rerun: list[Rerun]) -> None:
     model = tiny_llama(vocab_size=8)
     setup = Setup(
@@ -260,7 +262,7 @@ def test_exit_heads_draft_on_static_buffers(family: str, graphs: bool, tmp_path:
         alone = rows[0] + [t for step in generation for t in step]
         exit_cache = generation.draft_state.exit_cache
         assert isinstance(exit_cache, StaticCache), name
-        assert any(entry is not None for entry in exit_cache.captured.values()) == graphs, name
+        assert any(isinstance(entry, Captured) for entry in exit_cache.captured.values()) == graphs, name
         assert generation.stats.accepted > 0, name
         batch = dec.generate(rows, max_new_tokens=32, eos_token_id=[]).sequences
         for row, sequence in zip(rows, batch, strict=True):
@@ -308,3 +310,54 @@ def test_a_static_pass_reads_nothing_from_the_device(k: int, monkeypatch: pytest
     with counter:
         _decoder(model, k).generate(list(range(3, 12)), max_new_tokens=16, eos_token_id=[])
     assert counter.reads == []
+
+
+def test_kept_slabs_serve_calls_of_other_batch_sizes_and_hold_nothing_stale() -> None:
+    """A slab kept from a call of 2 rows serves calls of 3 and 1 rows; what a call left in it
+    (NaN, from a call that failed, say) never reaches the next one."""
+    model = make_tiny("llama", 6)
+    dec = _decoder(model, 3, skip_padding=False)
+    gen = torch.Generator().manual_seed(6)
+    prompts = [torch.randint(3, 97, (n,), generator=gen).tolist() for n in (5, 9, 7)]
+    for rows in (prompts[:2], prompts, prompts[2:], prompts[:2]):
+        with torch.inference_mode():
+            for slab in dec.adapter.passes._free:
+                for buffer in (*slab.keys, *slab.values):
+                    if buffer is not None:
+                        buffer.fill_(float("nan"))
+        out = dec.generate(rows, max_new_tokens=20, eos_token_id=[]) if len(rows) > 1 else None
+        sequences = (
+            out.sequences if out else [dec.generate(rows[0], max_new_tokens=20, eos_token_id=[]).sequences[0]]
+        )
+        for row, sequence in zip(rows, sequences, strict=True):
+            solo = model.generate(
+                torch.tensor([row]), max_new_tokens=20, do_sample=False, eos_token_id=None, pad_token_id=0
+            )
+            assert sequence.tolist() == solo[0].tolist()
+    assert dec.adapter.passes._free  # the calls' slabs were kept, and reused
+
+
+def test_a_pass_that_cannot_be_captured_runs_eagerly(
+    rerun: list[Rerun], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from eesd_graphs.static import StaticPasses
+
+    def refuse(self: StaticPasses, run: object) -> None:
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(StaticPasses, "capture", refuse)
+    model = make_tiny("qwen2", 3)
+    ids = torch.randint(3, 97, (1, 9), generator=torch.Generator().manual_seed(3))
+    expected = model.generate(ids, max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0)
+    dec = _decoder(model, 3)
+    with pytest.warns(RuntimeWarning, match="could not be captured into a CUDA graph"):
+        out = dec.generate(ids, max_new_tokens=24, eos_token_id=[])
+    assert torch.equal(out.sequences, expected)
+    assert dec.adapter.passes.failed > 0 and not rerun
+    with warnings.catch_warnings():  # the shapes a call met once fail on their second sight, later
+        warnings.simplefilter("ignore")
+        for _ in range(2):
+            dec.generate(ids, max_new_tokens=24, eos_token_id=[])
+    failed = dec.adapter.passes.failed
+    again = dec.generate(ids, max_new_tokens=24, eos_token_id=[])  # a shape that failed is not tried again
+    assert dec.adapter.passes.failed == failed and torch.equal(again.sequences, expected)
