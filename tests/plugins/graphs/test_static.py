@@ -24,6 +24,8 @@ from eesd_core.testing.oracles import assert_distributions_equal, engine_distrib
 
 STATIC = {"compile": "static"}
 FAMILIES = ["llama", "qwen2", "qwen3", "mistral", "gemma3"]
+# every family in the slow suite; Llama's layout and Gemma 3's windows in every run
+SOME_SLOW = [f if f in ("llama", "gemma3") else pytest.param(f, marks=pytest.mark.slow) for f in FAMILIES]
 
 
 def _decoder(model: torch.nn.Module, k: int, **options: object) -> SpeculativeDecoder:
@@ -32,7 +34,7 @@ def _decoder(model: torch.nn.Module, k: int, **options: object) -> SpeculativeDe
     return SpeculativeDecoder(model, **drafter, **controller, adapter_options=STATIC | options)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", SOME_SLOW)
 def test_static_buffers_decode_like_transformers(family: str) -> None:
     """Plain, early exit with k = 1 and 8 (rejections leave stale slots that the mask must hide);
     every layer's buffers as wide as the cache."""
@@ -94,8 +96,13 @@ def test_static_buffers_widen_when_a_call_outgrows_them(family: str, monkeypatch
     assert made and all(cache.capacity > 4 for cache in made)
 
 
-def test_static_buffers_keep_the_exact_distribution() -> None:
-    """Every random choice of the engine enumerated over an 8-token vocabulary, on static buffers."""
+@pytest.mark.parametrize(
+    "replayed", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["static", "replayed"]
+)
+def test_static_buffers_keep_the_exact_distribution(replayed: bool, request: pytest.FixtureRequest) -> None:
+    """Every random choice of the engine enumerated over an 8-token vocabulary, on static buffers
+    (and with every pass replayed after its capture)."""
+    made = request.getfixturevalue("rerun") if replayed else None
     model = tiny_llama(vocab_size=8)
     setup = Setup(
         model,
@@ -108,6 +115,7 @@ def test_static_buffers_keep_the_exact_distribution() -> None:
     sampling = SamplingParams(1.0, top_k=3)
     actual = engine_distribution(setup, [3, 1, 4], 4, sampling)
     assert_distributions_equal(actual, first_tokens_distribution(model, [3, 1, 4], 4, sampling))
+    assert made is None or made
 
 
 def test_compile_choices() -> None:
@@ -151,7 +159,7 @@ def rerun(monkeypatch: pytest.MonkeyPatch) -> list[Rerun]:
     return Rerun.made
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", SOME_SLOW)
 def test_replayed_passes_decode_like_transformers(family: str, rerun: list[Rerun]) -> None:
     """Every pass a replay of a capture after its shape's first run: the buffers a replay reads
     hold this pass's inputs, and the cache's lengths move as an eager pass moves them."""
@@ -176,23 +184,6 @@ def test_replayed_batches_equal_their_solo_replies(family: str, rerun: list[Reru
         )
         assert sequence.tolist() == solo[0].tolist()
     assert sum(graph.replays for graph in rerun) > 10
-
-
-@pytest.mark.slow
-def test_replayed_passes_keep_the_exact_distribution(rerun: list[Rerun]) -> None:
-    model = tiny_llama(vocab_size=8)
-    setup = Setup(
-        model,
-        drafter="early_exit",
-        drafter_options={"exit_layer": 1, "head": None},
-        controller="fixed",
-        max_draft_tokens=2,
-        adapter_options=STATIC,
-    )
-    sampling = SamplingParams(1.0, top_k=3)
-    actual = engine_distribution(setup, [3, 1, 4], 4, sampling)
-    assert_distributions_equal(actual, first_tokens_distribution(model, [3, 1, 4], 4, sampling))
-    assert rerun
 
 
 def test_a_later_call_replays_what_an_earlier_call_captured(rerun: list[Rerun]) -> None:
@@ -246,7 +237,7 @@ def _head_files(model: torch.nn.Module, folder: Path) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("graphs", [False, True], ids=["static", "replayed"])
-@pytest.mark.parametrize("family", ["qwen2", "gemma3"])
+@pytest.mark.parametrize("family", ["qwen2", pytest.param("gemma3", marks=pytest.mark.slow)])
 def test_exit_heads_draft_on_static_buffers(family: str, graphs: bool, tmp_path: Path, request) -> None:  # noqa: ANN001
     """The exit layers' own cache is a static one too (and their passes replayed), alone and in a
     ragged batch, with rows that stop at different rounds."""
