@@ -14,8 +14,10 @@ def names(kind: str) -> list[str]:
 
 class TestRegisteredControllers(ControllerContract):
     covers = tuple(names("controller"))
+    # the default and the fixed controller in every run, the baselines in the slow suite
+    params = [n if n in ("thompson", "fixed") else pytest.param(n, marks=pytest.mark.slow) for n in covers]
 
-    @pytest.fixture(params=covers)
+    @pytest.fixture(params=params)
     def make_controller(self, request):
         return registered("controller", request.param)
 

@@ -6,11 +6,15 @@ import pytest
 
 from eesd_core.testing import ControllerContract, registered
 
+SLOW = pytest.mark.slow  # the suite under its time budget: these settings in the slow suite
 SETTINGS = [
     ("thompson", {"variant": "beta", "stop_rule": "bernoulli", "resample": "step", "scope": "request"}),
-    ("thompson", {"failures": "all", "probe_tokens": None, "signal": "entropy", "max_draft_tokens": 1}),
-    ("confidence", {"adaptive": True, "signal": "top1"}),
-    ("ema", {"warmup": 0, "interval": 1, "min_steps": 0}),
+    pytest.param(
+        ("thompson", {"failures": "all", "probe_tokens": None, "signal": "entropy", "max_draft_tokens": 1}),
+        marks=SLOW,
+    ),
+    pytest.param(("confidence", {"adaptive": True, "signal": "top1"}), marks=SLOW),
+    pytest.param(("ema", {"warmup": 0, "interval": 1, "min_steps": 0}), marks=SLOW),
 ]
 
 

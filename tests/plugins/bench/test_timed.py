@@ -57,6 +57,7 @@ def test_rounds_accept_and_show_what_the_trace_recorded() -> None:
         assert out.stats.rows[row].new_tokens == tokens and t >= tokens
 
 
+@pytest.mark.slow
 def test_the_script_times_each_method_side_by_side(tmp_path: Path) -> None:
     spec = importlib.util.spec_from_file_location("timed_replay", SCRIPT)
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
