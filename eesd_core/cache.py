@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from eesd_core.devices import HOST
+
 _MIN_CAPACITY = 64
 
 
@@ -45,8 +47,8 @@ class BatchLayout:
             self.filled = slot + 1
             return
         valid, where = self.spread()
-        valid[:, slot] = torch.tensor(feeding, device=self.device)
-        where[:, slot] = torch.tensor(positions, device=self.device)
+        valid[:, slot] = torch.tensor(feeding, device=HOST).to(self.device, non_blocking=True)  # no wait
+        where[:, slot] = torch.tensor(positions, device=HOST).to(self.device, non_blocking=True)
 
     def keep(self, start: int, upto: list[int]) -> None:
         """Row b keeps slots [start, start + upto[b]] of a round (-1: none); the batch moves past
@@ -55,8 +57,8 @@ class BatchLayout:
         if self.valid is None and len(set(upto)) > 1:  # rows kept different counts: gaps
             self.spread()
         if self.valid is not None:
-            kept = torch.arange(self.capacity - start, device=self.device)[None]
-            self.valid[:, start:] &= kept <= torch.tensor(upto, device=self.device)[:, None]
+            limit = torch.tensor(upto, device=HOST).to(self.device, non_blocking=True)[:, None]
+            self.valid[:, start:] &= torch.arange(self.capacity - start, device=self.device)[None] <= limit
         self.slots = self.filled = end
 
     def aligned(self, rows: torch.Tensor) -> torch.Tensor:

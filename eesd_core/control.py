@@ -39,10 +39,11 @@ class RowDrafts:
         )
 
 
-def acceptance_chance(logits: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor) -> float:
-    """sum_x min(p(x), q(x)): the chance that a draft from q is accepted against p (q ``None``:
-    one-hot at the argmax of ``logits``). # [V], [V], [V]"""
-    return float(p[logits.argmax()] if q is None else torch.minimum(p, q.to(p.dtype)).sum())
+def acceptance_chance(drafts: RowDrafts, p: torch.Tensor) -> torch.Tensor:
+    """sum_x min(p(x), q(x)) of the draft ``drafts`` took back: the chance that it would have been
+    accepted against p ``[V]`` (q ``None``: one-hot at its logits' argmax), still on p's device."""
+    _, q, logits = drafts.withdrawn  # type: ignore[misc]
+    return p[logits.argmax()] if q is None else torch.minimum(p, q.to(p.dtype)).sum()
 
 
 class Control:
@@ -99,9 +100,8 @@ def row_outcome(
     every draft before it was accepted (else the round never reached it)."""
     withdrawn = None
     if drafts.withdrawn is not None:
-        confidence, q, logits = drafts.withdrawn
-        seen = judge if judge is None or isinstance(judge, float) else acceptance_chance(logits, q, judge)
-        withdrawn = Withdrawn(confidence, seen)
+        seen = judge if judge is None or isinstance(judge, float) else float(acceptance_chance(drafts, judge))
+        withdrawn = Withdrawn(drafts.withdrawn[0], seen)
     confidences = tuple(drafts.confidences)
     return RoundOutcome(
         position, len(drafts.tokens), accepted, tuple(tokens), *times, confidences, costs, row, withdrawn

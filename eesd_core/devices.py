@@ -13,6 +13,12 @@ HOST = torch.device("cpu")  # where the engine keeps token ids and other bookkee
 CPU_PASS_TOKENS = 512
 
 
+def later(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` copied to the host without the host waiting: read it once the host has read a
+    tensor computed after it (a read waits for everything queued before it)."""
+    return tensor.to(HOST, non_blocking=not tensor.is_mps)
+
+
 def pass_tokens(device: torch.device) -> int | None:
     """The most tokens one pass of a batch prefill covers on ``device`` (None: no limit)."""
     return CPU_PASS_TOKENS if device.type == "cpu" else None

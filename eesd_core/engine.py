@@ -259,11 +259,8 @@ class SpeculativeDecoder:
     ) -> tuple[list[list[int]], torch.Tensor | None, bool]:
         """The prompts without their padding, a tensor batch as given (for padded output), and
         whether the input is one sequence."""
-        if (
-            isinstance(input_ids, (list, tuple))
-            and input_ids
-            and isinstance(input_ids[0], (list, tuple, torch.Tensor))
-        ):
+        first = input_ids[0] if isinstance(input_ids, (list, tuple)) and input_ids else None
+        if isinstance(first, (list, tuple, torch.Tensor)):
             if attention_mask is not None:
                 raise InputError("A list of prompts is padded by eesd: pass no attention_mask with it.")
             rows = [row.tolist() if isinstance(row, torch.Tensor) else row for row in input_ids]
@@ -281,12 +278,9 @@ class SpeculativeDecoder:
         if attention_mask is None and bool(padded.any()) and not bool(padded.all()):
             message = "Some rows of input_ids start with the pad token and no attention_mask was given: "
             warnings.warn(message + "that padding is read as prompt. Pass attention_mask.", stacklevel=4)
+        given = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask
         try:
-            mask = (
-                torch.ones_like(input_ids, dtype=torch.bool)
-                if attention_mask is None
-                else torch.as_tensor(attention_mask)
-            )
+            mask = torch.as_tensor(given)
         except (TypeError, ValueError, RuntimeError):
             raise InputError(
                 f"attention_mask must be a tensor of 0 and 1 shaped like input_ids, got {attention_mask!r}."
@@ -309,9 +303,7 @@ class SpeculativeDecoder:
 
     def _row(self, ids: list[int], row: int) -> list[int]:
         if not ids:
-            raise InputError(
-                f"Row {row} of the batch is empty: give every row at least one token (e.g. BOS)."
-            )
+            raise InputError(f"Row {row} of the batch is empty: give every row at least one token (BOS).")
         try:
             return self._prompt(ids)
         except InputError as exc:

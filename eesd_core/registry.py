@@ -141,9 +141,8 @@ class Manager:
 
     def load_entry_points(self, entry_points: Iterable[metadata.EntryPoint] | None = None) -> None:
         """Import and register every selected entry point of the ``eesd`` group."""
-        found = sorted(
-            metadata.entry_points(group=GROUP) if entry_points is None else entry_points, key=lambda e: e.name
-        )
+        points = metadata.entry_points(group=GROUP) if entry_points is None else entry_points
+        found = sorted(points, key=lambda e: e.name)
         _check_filters([ep.name for ep in found])
         for ep in found:
             if not _selected(ep.name) or self.pm.has_plugin(ep.name):
@@ -173,9 +172,7 @@ class Manager:
         try:
             self.pm.check_pending()
         except pluggy.PluginValidationError as exc:
-            raise PluginLoadError(
-                f"{exc}. Hook names are listed in eesd_core.hookspecs; check the spelling."
-            ) from None
+            raise PluginLoadError(f"{exc}: a hook not in eesd_core.hookspecs; check its spelling.") from None
 
     def register(
         self, plugin: Any, name: str, distribution: str | None = None, version: str | None = None

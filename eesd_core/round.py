@@ -19,9 +19,9 @@ import torch
 
 from eesd_core.cache import BatchLayout, packed_groups
 from eesd_core.config import GenerationConfig
-from eesd_core.control import Control, RowDrafts, row_outcome
+from eesd_core.control import Control, RowDrafts, acceptance_chance, row_outcome
 from eesd_core.costs import CostBook
-from eesd_core.devices import HOST, pass_tokens
+from eesd_core.devices import HOST, later, pass_tokens
 from eesd_core.errors import EESDError, NumericalError
 from eesd_core.guards import Guarded
 from eesd_core.protocols import FIXED, Confidence, Request, RoundOutcome, SamplingParams
@@ -154,6 +154,7 @@ class Generation:
         p, logits = self._p(top[:, last], [(row, 0) for row in range(rows)])
         self._scores, none = logits[:, None] if self.logprobs is not None else None, feed[0, :0]
         drawn = guard.verify(parts.verifier, [none] * rows, [None] * rows, p[:, None], self.rngs)
+        self._unchecked()
         committed = []
         for row, (_, token) in enumerate(drawn):
             self.row_stats[row].rounds += 1  # a target pass that committed one token
@@ -231,7 +232,10 @@ class Generation:
         tokens = [torch.tensor(drafts[j].tokens, dtype=torch.long, device=HOST) for j in taking]
         qs, rngs = [drafts[j].q(p.shape[-1]) for j in taking], [self.rngs[ids[j]] for j in taking]
         p_live = p if len(taking) == len(ids) else p[taking]
+        judged = [j for j in taking if drafts[j].withdrawn is not None]  # read with the verifier's answer:
+        chances = {j: later(acceptance_chance(drafts[j], p[j, len(drafts[j].tokens)])) for j in judged}
         results = dict(zip(taking, parts.guard.verify(parts.verifier, tokens, qs, p_live, rngs), strict=True))
+        self._unchecked()
         drafter = parts.drafter
         if drafter is not None and drafter.reads_top_states:
             parts.guard.call("drafter", "top_states", drafter.top_states, self.draft_state, top, start)
@@ -244,7 +248,7 @@ class Generation:
         outcomes = []
         for j in taking:
             row, (n, token), d = ids[j], results[j], drafts[j]
-            judge = p[j, n] if d.withdrawn is not None and n == len(d.tokens) else None
+            judge = float(chances[j]) if j in chances and n == len(d.tokens) else None
             new, times = [*d.tokens[:n], token], (t1 - t0, t2 - t1)
             outcome = row_outcome(self.lengths[row] - 1, d, n, new, times, costs, row, judge)
             committed[row] = self._commit(row, new)
@@ -264,7 +268,7 @@ class Generation:
         if drafter is None or self.control is None:
             self._mark(start, live, 0)
             return drafts, None
-        control, feeding, steps = self.control, live, 0
+        control, feeding, steps, state = self.control, live, 0, self.draft_state
         fixed: list[list[int]] = [[] for _ in ids]  # fixed proposals not taken yet
         while True:
             self._mark(start + steps, feeding, steps)
@@ -274,27 +278,24 @@ class Generation:
             asked = [drafting[j] and not fixed[j] for j in range(len(ids))]
             draft = None
             if drafter.shared_layers or any(asked):
-                history = [
-                    self.tokens[r, : self.lengths[r] + len(d.tokens)]
-                    for r, d in zip(ids, drafts, strict=True)
-                ]
+                ends = [self.lengths[r] + len(d.tokens) for r, d in zip(ids, drafts, strict=True)]
+                history = [self.tokens[r, :end] for r, end in zip(ids, ends, strict=True)]
                 feed, slot = self._feed(steps)[:, 0], start + steps
-                draft = guard.call(
-                    "drafter", "step", drafter.step, self.draft_state, feed, slot, asked, history
-                )
+                draft = guard.call("drafter", "step", drafter.step, state, feed, slot, asked, history)
                 guard.check_draft(draft, asked)
+            logits = None if draft is None else draft.logits
+            sampled = [j for j, a in enumerate(asked) if a] if logits is not None else []
+            drawn = dict(zip(sampled, self._sample(sampled, logits, drafts) if sampled else [], strict=True))  # type: ignore[arg-type]
             for j in range(len(ids)):
                 if not drafting[j]:
                     continue
-                if asked[j] and draft.logits is None:  # type: ignore[union-attr]
+                if asked[j] and logits is None:
                     fixed[j] = list(draft.tokens[j]) if draft.tokens else []  # type: ignore[union-attr]
                 if fixed[j]:
                     token: int | None = fixed[j].pop(0)
                     drafts[j].add(token, FIXED)  # type: ignore[arg-type]
-                elif asked[j] and draft.logits is not None:  # type: ignore[union-attr]
-                    token = self._sample(j, draft.logits[j], drafts[j])  # type: ignore[union-attr]
                 else:
-                    token = None
+                    token = drawn.get(j)
                 if token is None:  # nothing proposed, or taken back before it was drawn
                     drafting[j] = False
                     continue
@@ -307,39 +308,40 @@ class Generation:
         guard.check_hidden(hidden, k, drafter.shared_layers, len(ids))
         return drafts, hidden
 
-    def _sample(self, j: int, logits: torch.Tensor, drafts: RowDrafts) -> int | None:
-        """Draw slot row j's next draft from q (the argmax when greedy, its confidence read at
-        temperature 1), unless the controller, shown q first, takes it back (``None``)."""
-        check_finite(logits, "Draft")
-        logits = self._shape(logits[None], [(self.ids[j], len(drafts.tokens))])[0]
-        greedy, sampling = self.sampling.greedy, self.sampling
-        probs = torch.softmax(logits.float(), dim=-1) if greedy else process_logits(logits[None], sampling)[0]
-        q = None if greedy else probs
-        control = self.control
-        if control is not None and control.withdraws:
-            token, prob, top, entropy = confidence(probs, logits.argmax())
-            seen = Confidence(None, top, entropy)
-            if not control.keep(j, len(drafts.tokens), seen):
-                drafts.withdrawn = (seen, q, logits)
-                return None
-            if greedy:
-                drafts.add(token, Confidence(prob, top, entropy))
-                return token
-        choice = logits.argmax() if q is None else self.rngs[self.ids[j]].categorical(q)
-        token, prob, top, entropy = confidence(probs, choice)
-        drafts.add(token, Confidence(prob, top, entropy), q)
-        return token
+    def _sample(self, rows: list[int], logits: torch.Tensor, drafts: list[RowDrafts]) -> list[int | None]:
+        """Draw the next draft of each slot row in ``rows`` from q (its row of ``logits``; the argmax
+        when greedy, with one read of the device for every row), unless the controller, shown q's
+        confidence at temperature 1 first, takes it back (``None``)."""
+        check = check_finite(logits := logits[rows], "Draft")
+        logits = self._shape(logits, [(self.ids[j], len(drafts[j].tokens)) for j in rows])
+        greedy, control, withdraws = self.sampling.greedy, self.control, self.parts.withdraws
+        probs = torch.softmax(logits.float(), dim=-1) if greedy else process_logits(logits, self.sampling)
+        tops = confidence(probs, logits.argmax(-1)) if greedy or withdraws else []
+        check()
+        out: list[int | None] = []
+        for i, j in enumerate(rows):
+            q = None if greedy else probs[i]
+            if withdraws:
+                token, prob, top, entropy = tops[i]
+                seen = Confidence(None, top, entropy)
+                if not control.keep(j, len(drafts[j].tokens), seen):  # type: ignore[union-attr]
+                    drafts[j].withdrawn = (seen, q, logits[i])
+                    out.append(None)
+                    continue
+            choice = None if q is None else torch.tensor([self.rngs[self.ids[j]].categorical(q)], device=HOST)
+            token, prob, top, entropy = tops[i] if q is None else confidence(q[None], choice)[0]  # type: ignore[arg-type]
+            drafts[j].add(token, Confidence(prob, top, entropy), q)
+            out.append(token)
+        return out
 
     def _feed(self, step: int, m: int = 1) -> torch.Tensor:
         """The tokens each slot row feeds at steps ``step .. step + m`` ``[B, m]`` (the pending
-        token first), 0 where it feeds nothing."""
+        token first; any token where it feeds nothing: the layout hides that slot)."""
         at = [self.lengths[row] - 1 + step for row in self.ids]
         if len(at) == 1:  # one row: always dense
             return self.tokens[self.ids[0], at[0] : at[0] + m][None]
         index = torch.tensor(at, device=HOST)[:, None] + torch.arange(m, device=HOST)
-        fed = self.tokens[torch.tensor(self.ids, device=HOST)[:, None], index]
-        valid, slot = self.layout.valid, self.layout.slots + step
-        return fed if valid is None else torch.where(valid[:, slot : slot + m].to(HOST), fed, 0)
+        return self.tokens[torch.tensor(self.ids, device=HOST)[:, None], index]
 
     def _mark(self, slot: int, feeding: list[bool], step: int) -> None:
         self.layout.mark(slot, feeding, [self.lengths[row] - 1 + step for row in self.ids])
@@ -350,7 +352,7 @@ class Generation:
         parts, layout, adapter = self.parts, self.layout, self.parts.adapter
         first = 0 if hidden is None else parts.drafter.shared_layers
         if hidden is None:
-            hidden = adapter.embed(self._feed(0, m).to(adapter.device))
+            hidden = adapter.embed(self._feed(0, m).to(adapter.device, non_blocking=True))
         parts.guard.check_cache(self.cache, first, start, m)
         positions, valid = layout.window(start, start + m)
         top = adapter.run(hidden, first, adapter.num_layers, self.cache, positions, valid)
@@ -371,7 +373,7 @@ class Generation:
     def _p(self, top: torch.Tensor, at: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """The target's p ``[r, V]`` from last-layer states ``[r, H]`` at ``at``, and its logits."""
         logits = self.parts.adapter.logits(self.parts.adapter.norm(top))
-        check_finite(logits, "Target")
+        self._unchecked = check_finite(logits, "Target")  # read once the verifier has read p
         logits = self._shape(logits, at)
         return process_logits(logits, self.sampling), logits
 
@@ -454,7 +456,7 @@ class Generation:
         if not (leave or full):
             return
         keep = torch.tensor(alive if leave else list(range(len(ids))), dtype=torch.long, device=HOST)
-        index = layout.aligned(keep.to(layout.device))
+        index = layout.aligned(keep.to(layout.device, non_blocking=True))
         drafter = self.parts.drafter
         if drafter is not None:  # before the layout changes: the drafter may still run on the old one
             self.parts.guard.call("drafter", "relayout", drafter.relayout, self.draft_state, keep, index)

@@ -6,20 +6,28 @@ orders its warpers) in float32 or wider; temperature 0 puts all mass on the firs
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
+from eesd_core.devices import later
 from eesd_core.errors import InputError, NumericalError
 from eesd_core.protocols import SamplingParams
 
 
-def check_finite(logits: torch.Tensor, what: str) -> None:
-    """Refuse NaN (and +inf) logits: sampling from them would be silently wrong."""
-    if bool((torch.isnan(logits) | torch.isposinf(logits)).any()):  # one read of the device
-        raise NumericalError(
-            f"{what} logits contain NaN or +inf. The model produced invalid values: check its "
-            "weights and dtype (float16 overflows easily; try float32 or bfloat16)."
-        )
+def check_finite(logits: torch.Tensor, what: str) -> Callable[[], None]:
+    """A check refusing NaN (and +inf) logits, sampling from which would be silently wrong; call it
+    after reading a tensor computed after it (:func:`~eesd_core.devices.later`): it adds no wait."""
+    bad = later((torch.isnan(logits) | torch.isposinf(logits)).any())
+
+    def check() -> None:
+        if bool(bad):
+            raise NumericalError(
+                f"{what} logits contain NaN or +inf. The model produced invalid values: check its "
+                "weights and dtype (float16 overflows easily; try float32 or bfloat16)."
+            )
+
+    return check
 
 
 def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -30,6 +38,7 @@ def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
     scores = _warp(logits, params)
     probs = torch.softmax(scores, dim=-1)
     if torch.isnan(probs).any():
+        check_finite(logits, "The model's")()
         if bool(torch.isinf(scores).any()) and bool(torch.isfinite(logits).any(dim=-1).all()):
             raise InputError(
                 f"temperature={params.temperature} is so small that logits / temperature overflow "
@@ -75,13 +84,13 @@ def _keep_top_p(scores: torch.Tensor, top_p: float) -> torch.Tensor:
     return scores.masked_fill(drop, -math.inf)
 
 
-def confidence(probs: torch.Tensor, token: int | torch.Tensor) -> tuple[int, float, float, float]:
-    """(``token``, its q, top-1 probability, entropy in nats) of one distribution ``[V]``, read
-    from the device in one transfer (``token`` may still be a tensor there)."""
-    token = torch.as_tensor(token, device=probs.device)
-    values = [token, probs[token], probs.max(), torch.special.entr(probs).sum()]
-    index, prob, top, entropy = torch.stack([v.double() for v in values]).tolist()
-    return int(index), prob, top, entropy
+def confidence(probs: torch.Tensor, tokens: torch.Tensor) -> list[tuple[int, float, float, float]]:
+    """(token, its q, top-1 probability, entropy in nats) of each distribution ``[r, V]`` and its
+    token ``[r]`` (still on the device, say), all rows read from the device in one transfer."""
+    tokens, rows = tokens.to(probs.device), torch.arange(probs.shape[0], device=probs.device)
+    values = [tokens, probs[rows, tokens], probs.max(-1).values, torch.special.entr(probs).sum(-1)]
+    read = torch.stack([v.double() for v in values], dim=1).tolist()
+    return [(int(index), prob, top, entropy) for index, prob, top, entropy in read]
 
 
 def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -113,6 +122,4 @@ class TorchRandom:
         probs = probs.to(
             self.generator.device, torch.float32 if probs.dtype in (torch.float16, torch.bfloat16) else None
         )
-        return int(
-            torch.multinomial(probs, 1, generator=self.generator)
-        )  # on the generator's device: one seed, one text
+        return int(torch.multinomial(probs, 1, generator=self.generator))  # one seed, one text anywhere

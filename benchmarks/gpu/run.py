@@ -54,6 +54,7 @@ def steps(out: Path, questions: Path, device: str) -> list[tuple[str, list[str],
         "-p",
         "no:cacheprovider",
         "tests/core/test_cuda.py",
+        "tests/core/test_device_syncs.py",
         "tests/plugins/graphs/test_cuda_graphs.py",
     ]
     limits = {"bench": 300, "bench-batch": 240, "costs": 90}

@@ -192,7 +192,7 @@ class EarlyExitDrafter(JoinedRounds):
         """Layers [0, N) on every row's token for ``slot``, after the waiting inputs of a joined
         round's window in the same pass (their states wait for the exit layers). # [B, 1, H]"""
         adapter, layout = self.adapter, state.layout
-        ids, first = tokens.view(-1, 1).to(adapter.device), slot
+        ids, first = tokens.view(-1, 1).to(adapter.device, non_blocking=True), slot  # no wait for the device
         if state.waiting is not None:
             ids, first = torch.cat([state.waiting, ids], dim=1), slot - state.waiting.shape[1]
             state.waiting = None

@@ -13,6 +13,8 @@ extra (``pip install eesd[test]``: pytest, hypothesis, scipy).
   toy target and drafter; :mod:`~eesd_core.testing.hf`: tiny random Hugging Face models.
 * :mod:`~eesd_core.testing.agreement`: greedy agreement with a reference in any precision (the tie
   rule for bfloat16/float16).
+* :mod:`~eesd_core.testing.syncs`: ``DeviceSyncs``, the host's waits for the device (reads of it,
+  blocking copies onto it) counted on any machine.
 
 Names are imported on first use, so that loading the pytest plug-in costs nothing and the
 Hypothesis profile is in force before the contract classes are defined.
@@ -48,6 +50,7 @@ _HOMES = {
         "step_distribution",
     ],
     "randomness": ["EnumeratingRandom", "ScriptedRandom", "enumerate_runs"],
+    "syncs": ["DeviceSyncs"],
     "statistical": ["assert_same_distribution"],
     "toy": ["ToyAdapter", "ToyDrafter", "ToyModel"],
 }

@@ -735,7 +735,8 @@ class EarlyExitProposer:
             draft = self.drafter.step(state, torch.tensor([token]), position + fed, [True], history)
             fed += 1
             logits = draft.logits[0]  # [V]
-            token, prob, top, entropy = confidence(torch.softmax(logits.float(), dim=-1), logits.argmax())
+            probs = torch.softmax(logits.float(), dim=-1)[None]
+            token, prob, top, entropy = confidence(probs, logits.argmax()[None])[0]
             seen = Confidence(None, top, entropy)
             if not control.keep(0, len(drafts.tokens), seen):
                 drafts.withdrawn = (seen, None, logits)

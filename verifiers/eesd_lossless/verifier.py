@@ -39,10 +39,10 @@ class LosslessVerifier:
         p: torch.Tensor,  # [B, m, V], m > every k_b
         rngs: Sequence[RandomSource],
     ) -> list[tuple[int, int]]:
-        """Every row of a round with one read from the device for all rows: the argmax and
-        support size of p where each row's bonus token would come from (p[b, k_b]), p and q at
-        each draft. Only a draw from a rejection's residual, or from a distribution of more than
-        one token (sampling), touches the device per row."""
+        """Every row of a round with one read from the device for all rows: p and q at each
+        draft, and the argmax and support size of p at two positions of each row, its bonus
+        token's and its first draft that p may reject (greedy, where a rejection emits p's argmax).
+        Only a draw from a distribution of more than one token touches the device again, per row."""
         rows, m = p.shape[0], p.shape[1]
         exact = torch.float32 if p.device.type == "mps" else torch.float64  # token ids and p alike
         if not any(d.shape[0] for d in drafts):  # a round that drafted nothing: a bonus token a row
@@ -56,15 +56,19 @@ class LosslessVerifier:
         for b, d in enumerate(drafts):
             if d.shape[0]:
                 picked[b, : d.shape[0]] = d
-        ks = torch.tensor([len(d) for d in drafts], dtype=torch.long, device=HOST).to(p.device)
-        bonus = p[torch.arange(rows, device=p.device), ks]  # [B, V]
-        read = [bonus.argmax(-1), (bonus > 0).sum(-1), p.gather(2, picked.to(p.device)[..., None])[..., 0]]
+        ks = torch.tensor([len(d) for d in drafts], device=HOST).to(p.device, non_blocking=True)
+        targets = p.gather(2, picked.to(p.device, non_blocking=True)[..., None])[..., 0]  # [B, m]: no wait
+        beyond = torch.arange(m, device=p.device) >= ks[:, None]
+        first = ((targets < 1) | beyond).int().argmax(-1)  # the first draft p may reject, else k_b
+        at = p[torch.arange(rows, device=p.device)[:, None], torch.stack([first, ks], dim=1)]  # [B, 2, V]
+        read = [first, at.argmax(-1), (at > 0).sum(-1), targets]
         for d, q in zip(drafts, qs, strict=True):
             if q is not None:  # q_i(d_i)
-                read.append(q[torch.arange(q.shape[0], device=q.device), d.to(q.device)].to(p.device))
+                at = d.to(q.device, non_blocking=True)
+                read.append(q[torch.arange(q.shape[0], device=q.device), at].to(p.device))
         flat = torch.cat([t.reshape(-1).to(exact) for t in read]).tolist()  # the one read
-        top, support, targets = flat[:rows], flat[rows : 2 * rows], flat[2 * rows : 2 * rows + rows * m]
-        proposed = flat[2 * rows + rows * m :][::-1]  # popped from the end, row after row
+        first, top, support = flat[:rows], flat[rows : 3 * rows], flat[3 * rows : 5 * rows]  # [2b], [2b + 1]
+        targets, proposed = flat[5 * rows : 5 * rows + rows * m], flat[5 * rows + rows * m :][::-1]
         out = []
         for b, (d, q, rng) in enumerate(zip(drafts, qs, rngs, strict=True)):
             k, base = int(d.shape[0]), b * m
@@ -72,12 +76,15 @@ class LosslessVerifier:
             for i, draft in enumerate(d.tolist() if k else ()):
                 if proposals[i] > 0 and rng.bernoulli(min(1.0, targets[base + i] / proposals[i])):
                     continue
+                if q is None and i == first[b] and support[2 * b] == 1:  # p one-hot off the draft
+                    out.append((i, int(top[2 * b])))  # its residual is p
+                    break
                 p_row = p[b, i]
                 q_row = _one_hot(draft, p_row) if q is None else q[i].to(p_row.dtype)
                 out.append((i, _draw(residual(p_row, q_row), rng)))
                 break
             else:
-                out.append((k, int(top[b]) if support[b] == 1 else rng.categorical(p[b, k])))
+                out.append((k, int(top[2 * b + 1]) if support[2 * b + 1] == 1 else rng.categorical(p[b, k])))
         return out
 
 

@@ -21,6 +21,7 @@ from eesd_core.protocols import SamplingParams
 from eesd_core.testing.hf import first_tokens_distribution, tiny_llama
 from eesd_core.testing.kit import Setup
 from eesd_core.testing.oracles import assert_distributions_equal, engine_distribution
+from eesd_core.testing.syncs import DeviceSyncs
 
 STATIC = {"compile": "static"}
 FAMILIES = ["llama", "qwen2", "qwen3", "mistral", "gemma3"]
@@ -264,43 +265,26 @@ def test_exit_heads_draft_on_static_buffers(family: str, graphs: bool, tmp_path:
         assert alone == batch[0].tolist()
 
 
-class HostReads(torch.overrides.TorchFunctionMode):
-    """Counts what would read a device tensor on the host (``item``, ``tolist``, ``bool``, ``int``,
-    ``float``, ``numpy``, a copy to the CPU) while ``inside`` is true."""
-
-    READS = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "numpy", "cpu"}
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.inside, self.reads = False, []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
-        name = getattr(func, "__name__", "")
-        if self.inside and name in self.READS:
-            self.reads.append(name)
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.mark.parametrize("k", [0, 3])
 def test_a_static_pass_reads_nothing_from_the_device(k: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Inside every pass over the layers (the part a graph captures), nothing reads a tensor on the
     host: on a GPU each such read would wait for the device, and a capture would refuse it."""
     from eesd_core.models.base import DecoderAdapter
 
-    counter, run = HostReads(), DecoderAdapter._run
+    model, run, inside = make_tiny("gemma3", 2), DecoderAdapter._run, []
+    syncs = DeviceSyncs(model)
 
     def watched(self, *args):  # noqa: ANN001, ANN202
-        counter.inside = True
+        before = len(syncs.sites)
         try:
             return run(self, *args)
         finally:
-            counter.inside = False
+            inside.extend(syncs.sites[before:])
 
     monkeypatch.setattr(DecoderAdapter, "_run", watched)
-    model = make_tiny("gemma3", 2)
-    with counter:
+    with syncs:
         _decoder(model, k).generate(list(range(3, 12)), max_new_tokens=16, eos_token_id=[])
-    assert counter.reads == []
+    assert inside == []
 
 
 def test_kept_slabs_serve_calls_of_other_batch_sizes_and_hold_nothing_stale() -> None:
