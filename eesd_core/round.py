@@ -232,7 +232,7 @@ class Generation:
         tokens = [torch.tensor(drafts[j].tokens, dtype=torch.long, device=HOST) for j in taking]
         qs, rngs = [drafts[j].q(p.shape[-1]) for j in taking], [self.rngs[ids[j]] for j in taking]
         p_live = p if len(taking) == len(ids) else p[taking]
-        judged = [j for j in taking if drafts[j].withdrawn is not None]  # read with the verifier's answer:
+        judged = [j for j in taking if drafts[j].withdrawn is not None]  # read after the verifier's read
         chances = {j: later(acceptance_chance(drafts[j], p[j, len(drafts[j].tokens)])) for j in judged}
         results = dict(zip(taking, parts.guard.verify(parts.verifier, tokens, qs, p_live, rngs), strict=True))
         self._unchecked()
