@@ -62,7 +62,7 @@ class DeviceSyncs(torch.overrides.TorchFunctionMode):
         out = func(*args, **kwargs)
         if (to_host or to_device) and out is args[0]:
             out = out.clone()  # on a CPU a copy between host and device may be the tensor itself
-        waits = not (kwargs.get("non_blocking") or (name == "to" and True in args[2:]))
+        waits = not (kwargs.get("non_blocking") or (name == "to" and any(a is True for a in args[2:])))
         made = name in _FACTORIES and kwargs.get("device") is not None and kwargs["device"] is not HOST
         if from_device and (name in _READS or (to_host and waits)):
             self.sites.append(f"{name}@{_site()}")
