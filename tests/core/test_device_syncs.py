@@ -61,8 +61,10 @@ def test_a_greedy_round_waits_once_per_draft_step_and_once_to_verify(name: str, 
         assert waits == steps + 1 or realigned, rounds  # realigning a batch (rare) waits more
     assert sum(realigned for _, _, realigned in rounds) <= 2
     most = max(steps for _, steps, _ in rounds)
-    drafted = {"plain": 0, "fixed-k3": 3, "thompson": 1, "prompt-lookup": 0}  # fixed tokens wait for nothing
-    assert most == drafted[name], rounds
+    if name == "thompson":  # how far it drafts depends on measured times; its first round drafts
+        assert most >= 1, rounds
+    else:  # prompt lookup's fixed drafts wait for nothing
+        assert most == {"plain": 0, "fixed-k3": 3, "prompt-lookup": 0}[name], rounds
     if name == "prompt-lookup":  # it did draft: fewer rounds than the tokens after the first
         assert len(rounds) < 23
 
