@@ -4,12 +4,13 @@ Each round it draws theta from the posterior over "a draft is accepted", then ei
 chi ~ Bernoulli(theta) before every draft (the paper's rule) or, by default, weighs the expected
 tokens against the measured cost of drafting and verifying (:mod:`eesd_thompson.rule`), so that a
 drafter that is rarely right ends up decoding plainly and is only probed when a posterior draw
-says drafting might pay; when the measured costs say drafting could never pay, it still probes ever
-more rarely, in case a noisy first measurement overstated them. Calibration-TS replaces theta for
-the drafts already made by the posterior of their confidence bucket. Where the engine allows it,
-``keep`` takes back a draft whose bucket says it would not repay its verification, and a round may
-draft one token only to look at its confidence (``ThompsonOptions.withdraw``). The rows of a batch
-round share its draws: a draft step is the whole batch's time, so the batch explores as one.
+says drafting might pay; when the measured costs say drafting could never pay, it still probes now
+and then (ever more rarely, down to a floor), in case a measurement taken under load overstated
+them. Calibration-TS replaces theta for the drafts already made by the posterior of their
+confidence bucket. Where the engine allows it, ``keep`` takes back a draft whose bucket says it
+would not repay its verification, and a round may draft one token only to look at its confidence
+(``ThompsonOptions.withdraw``). The rows of a batch round share its draws: a draft step is the
+whole batch's time, so the batch explores as one.
 
 :class:`ThompsonController` keeps what carries across generations (the posteriors with
 ``scope="global"``, the round kinds measured at each batch size, the batch gates) behind a lock;
@@ -29,6 +30,8 @@ from eesd_thompson.gate import BatchGate
 from eesd_thompson.options import ThompsonOptions
 from eesd_thompson.posterior import Beta, Buckets, Frequencies
 from eesd_thompson.rule import best_rate, draft_on, round_times
+
+LONGEST_WAIT = 1024  # rounds: the most a decoder locked out of drafting waits between probes
 
 
 @dataclass
@@ -91,6 +94,8 @@ class ThompsonController:
         self.kinds: dict[int, set[int]] = {}  # the k of rounds seen, by batch size (Costs.batch_size)
         self.rounds = 0  # rows' rounds learnt from
         self.since_plain: dict[int, int] = {}  # rounds since a plain one, by batch size
+        self.since_drafted: dict[int, int] = {}  # rounds since one made a draft step, by batch size
+        self.waits: dict[int, int] = {}  # rounds a locked-out batch size waits to probe (_probe_due)
         self.since_verified = 0  # rounds since one verified a draft (``refresh`` of kept drafts)
         self.gates: dict[int, BatchGate] = {}  # by batch size, for static batches (``gate``)
         self._lock = threading.Lock()
@@ -260,9 +265,11 @@ class _Run:
         return pays
 
     def _round_ended(self, drafted: bool, costs: Costs) -> None:
-        """Count rounds since a plain one at this batch size; make this round plain if too many."""
+        """Count rounds since a plain one and since a draft step at this batch size; make this
+        round plain if too many were not."""
         size, owner = costs.batch_size, self.owner
         owner.since_plain[size] = owner.since_plain.get(size, 0) + 1 if drafted else 0
+        owner.since_drafted[size] = 0 if drafted else owner.since_drafted.get(size, 0) + 1
         every = self.options.refresh
         if every is not None and self.options.stop_rule == "cost" and owner.since_plain[size] >= every:
             self.lockstep.plain = True
@@ -312,10 +319,23 @@ class _Run:
         if index == 0 and self._look_pays(weight):
             return True
         locked = index == 0 and self._once(("locked",), self.round.times, self._locked_out)
-        if locked and self.rng.random() < self.options.explore / (1 + self.owner.rounds):
+        if locked and self._once(("probe",), self.round.times, self._probe_due):
             self.round.limit = 1
             return True
         return False
+
+    def _probe_due(self) -> bool:
+        """Whether a round locked out of drafting (:meth:`_locked_out`) probes one draft: after
+        ``refresh`` rounds without a draft step at this batch size, then after twice as many each
+        time, up to ``LONGEST_WAIT``. Costs that a loaded machine overstated are thus measured
+        again however long the decoder lives, while a drafter too slow to ever pay costs one
+        probe per ``LONGEST_WAIT`` rounds."""
+        size, owner, first = self.costs.batch_size, self.owner, self.options.refresh
+        wait = owner.waits.setdefault(size, first or 0)
+        if first is None or owner.since_drafted.get(size, 0) < wait:
+            return False
+        owner.waits[size] = min(2 * wait, LONGEST_WAIT)
+        return True
 
     def _once(self, key: tuple[Any, ...], anchor: object, compute: Callable[[], Any]) -> Any:
         """A value that the rows of a batch round share, computed for the first row that needs it:
@@ -358,9 +378,13 @@ class _Run:
         return value > price * peek
 
     def _locked_out(self) -> bool:
-        """Whether the measured costs say drafting could not pay even if every draft were accepted."""
+        """Whether the measured costs say drafting could not pay even if every draft were accepted
+        (if they say it could, a later lock-out's wait to probe starts again at ``refresh``)."""
         assert self.round.times is not None
-        return not draft_on(0, 1.0, 1.0, self.round.times, best_rate(1.0, self.round.times))
+        locked = not draft_on(0, 1.0, 1.0, self.round.times, best_rate(1.0, self.round.times))
+        if not locked:
+            self.owner.waits.pop(self.costs.batch_size, None)
+        return locked
 
     def _explore_k(self, costs: Costs) -> int:
         """Drafts while costs are unknown: one round of one draft, then one plain step (at each

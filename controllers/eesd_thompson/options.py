@@ -48,10 +48,8 @@ class ThompsonOptions(PluginOptions):
     - ``probe_tokens``: with the cost rule, the most drafts of a round that drafts although the
       posterior mean says drafting does not pay (a probe: one draft already tells whether the
       drafter is right); ``None`` lets the sampled theta decide alone.
-    - ``explore``: with the cost rule, when the measured costs say drafting could not pay even if
-      every draft were accepted, the chance of a one-draft probe is ``explore / (1 + rounds so
-      far)``: about ``explore * ln(rounds)`` probes in all, enough to re-measure costs that a noisy
-      first measurement overstated.
+    - ``explore``: the chance that a round of a static batch whose ``gate`` is shut probes, over
+      1 + the plain rounds the gate has measured.
     - ``withdraw``: with the cost rule and Calibration-TS, where the engine allows it (one
       sequence, a drafter that can take a draft back), see each draft's q before committing to
       verify it (:meth:`~eesd_core.protocols.Controller.keep`): a draft whose confidence bucket
@@ -65,7 +63,11 @@ class ThompsonOptions(PluginOptions):
       against, is measured again (the engine's costs replace a figure that old rather than
       average it). Likewise, after this many rounds without a verified draft while drafts are
       taken back (``withdraw``), the next draft made is kept, so that the costs of verifying
-      drafts, which decide what is taken back, are measured again. ``None``: never.
+      drafts, which decide what is taken back, are measured again. And while the measured costs
+      say drafting could not pay even if every draft were accepted, a round drafts one token
+      after this many rounds without a draft step, then after twice as many each time, up to
+      1,024: costs that a loaded machine overstated are measured again, and a drafter too slow
+      to ever pay costs one probe per 1,024 rounds. ``None``: never.
     - ``gate``: with the cost rule, in a batch call (a static batch: the call returns when its
       last row is done), measure per batch size how fast the row with fewest tokens advances in
       rounds with drafts and in plain ones, and keep rounds plain while drafting advances it

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from eesd_thompson import ThompsonController, ThompsonOptions
+from eesd_thompson.controller import LONGEST_WAIT
 from eesd_thompson.rule import best_rate, draft_on, expected_tokens
 from outcomes import Driven, outcome
 
@@ -338,3 +339,51 @@ def test_what_the_rows_of_a_round_share_is_computed_once_and_changes_no_decision
     shared.end(outcome(1, 1, None, 0.0, 0.0, prices[0]))
     shared.begin(prices[0], range(4))  # the next round, under the same costs, starts afresh
     assert not shared.state.shared
+
+
+def locked_run(rounds, loaded_until=0, refresh=32):
+    """A lone sequence whose drafter is always right, through a real cost tracker: a draft step
+    costs 0.01 s and a pass 0.1 s, but a round with drafts before ``loaded_until`` runs ten times
+    slower (a machine loaded just while drafts were measured), as did the first. The k of every
+    round."""
+    from eesd_core.costs import CostTracker
+
+    tracker = CostTracker(4)
+    tracker.observe(1, 0.1, 1.0)  # the first round of one draft, measured under load
+    tracker.observe(0, 0.0, 0.1)
+    run = started(alpha0=50, beta0=1, refresh=refresh)
+    run.controller.kinds_seen |= {0, 1}
+    ks = []
+    for i in range(rounds):
+        k = run_round(run, tracker.snapshot(), limit=4)
+        slow = 10.0 if k and i < loaded_until else 1.0
+        tracker.observe(k, slow * 0.01 * k, slow * 0.1)
+        ks.append(k)
+    return ks
+
+
+def test_a_draft_step_measured_under_load_is_measured_again_however_long_it_lasted():
+    """Drafting looks as if it could never pay while the draft steps measured are slow ones: the
+    rounds are plain but for one-draft probes, at waits that double. Once a probe runs unloaded,
+    its measurement replaces the slow one and drafting pays again, however late that is."""
+    ks = locked_run(2500, loaded_until=1000)
+    probes = [i for i, k in enumerate(ks) if k]
+    assert all(ks[i] == 1 for i in probes if i < 1000)
+    assert probes[0] == 32  # ``refresh`` plain rounds, then a probe after twice as many, ...
+    assert [b - a - 1 for a, b in zip(probes, probes[1:]) if b < 1000] == [64, 128, 256, 512]
+    resumed = next(i for i in probes if i >= 1000)
+    assert resumed <= 1000 + LONGEST_WAIT
+    assert sum(k >= 1 for k in ks[resumed:]) >= 0.9 * len(ks[resumed:])
+    assert max(ks[resumed:]) == 4
+
+
+def test_a_drafter_too_slow_to_ever_pay_is_probed_at_a_floor():
+    """Where drafting truly never pays, probes grow rarer but never stop: one per ``LONGEST_WAIT``
+    rounds at most, so that a decoder that lives long still measures again. ``refresh=None``
+    probes never."""
+    ks = locked_run(6000, loaded_until=6000)
+    probes = [i for i, k in enumerate(ks) if k]
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert gaps == sorted(gaps) and set(gaps[-2:]) == {LONGEST_WAIT + 1}  # the wait, then the probe
+    assert max(ks) == 1
+    assert not any(locked_run(3000, loaded_until=3000, refresh=None))
