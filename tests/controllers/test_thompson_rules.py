@@ -370,7 +370,7 @@ def test_a_draft_step_measured_under_load_is_measured_again_however_long_it_last
     probes = [i for i, k in enumerate(ks) if k]
     assert all(ks[i] == 1 for i in probes if i < 1000)
     assert probes[0] == 32  # ``refresh`` plain rounds, then a probe after twice as many, ...
-    assert [b - a - 1 for a, b in zip(probes, probes[1:]) if b < 1000] == [64, 128, 256, 512]
+    assert [b - a - 1 for a, b in zip(probes, probes[1:], strict=False) if b < 1000] == [64, 128, 256, 512]
     resumed = next(i for i in probes if i >= 1000)
     assert resumed <= 1000 + LONGEST_WAIT
     assert sum(k >= 1 for k in ks[resumed:]) >= 0.9 * len(ks[resumed:])
@@ -383,7 +383,7 @@ def test_a_drafter_too_slow_to_ever_pay_is_probed_at_a_floor():
     probes never."""
     ks = locked_run(6000, loaded_until=6000)
     probes = [i for i, k in enumerate(ks) if k]
-    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    gaps = [b - a for a, b in zip(probes, probes[1:], strict=False)]
     assert gaps == sorted(gaps) and set(gaps[-2:]) == {LONGEST_WAIT + 1}  # the wait, then the probe
     assert max(ks) == 1
     assert not any(locked_run(3000, loaded_until=3000, refresh=None))
