@@ -331,8 +331,7 @@ class _Run:
         again however long the decoder lives, while a drafter too slow to ever pay costs one
         probe per ``LONGEST_WAIT`` rounds."""
         size, owner, first = self.costs.batch_size, self.owner, self.options.refresh
-        wait = owner.waits.setdefault(size, first or 0)
-        if first is None or owner.since_drafted.get(size, 0) < wait:
+        if first is None or owner.since_drafted.get(size, 0) < (wait := owner.waits.get(size, first)):
             return False
         owner.waits[size] = min(2 * wait, LONGEST_WAIT)
         return True
