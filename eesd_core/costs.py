@@ -2,7 +2,8 @@
 
 One tracker per batch size (a :class:`CostBook`), shared by a decoder's generations in any thread,
 keeps a moving average per k (or m = k + 1) and a least-squares line where unmeasured. A lower
-measurement, or one of a cost stale for ``STALE`` rounds, replaces it: load only slows passes.
+measurement, or one of a cost stale for ``STALE`` rounds, replaces it (load only slows passes), and
+the draft step's line leaves out stale times while fresher ones make one (a k no longer drafted).
 """
 
 from __future__ import annotations
@@ -19,8 +20,7 @@ def _line(points: list[tuple[int, float]]) -> tuple[float, float] | None:
     if len(points) <= 1:
         return (points[0][1], 0.0) if points else None
     n = len(points)
-    mx = sum(x for x, _ in points) / n
-    my = sum(y for _, y in points) / n
+    mx, my = sum(x for x, _ in points) / n, sum(y for _, y in points) / n
     sxx = sum((x - mx) ** 2 for x, _ in points)
     slope = sum((x - mx) * (y - my) for x, y in points) / sxx
     return my - slope * mx, max(slope, 0.0)
@@ -56,9 +56,8 @@ class CostTracker:
 
     def _smooth(self, old: float | None, new: float, what: tuple[str, int]) -> float:
         last, self._measured[what] = self._measured.get(what, -STALE), self.rounds
-        if old is None or new < old or self.rounds - last >= STALE:
-            return new
-        return old + self.smoothing * (new - old)
+        take = old is None or new < old or self.rounds - last >= STALE
+        return new if take else old + self.smoothing * (new - old)
 
     def snapshot(self) -> Costs:
         """The current :class:`Costs`, rebuilt only after new observations."""
@@ -68,7 +67,8 @@ class CostTracker:
 
     def _build(self) -> Costs:
         proposals = [(k, t) for k, t in enumerate(self.propose) if t is not None]
-        line = _line(proposals)
+        fresh = [(k, t) for k, t in proposals if self.rounds - self._measured[("propose", k)] < STALE]
+        line = _line(fresh if len(fresh) >= 2 else proposals)
         draft_step = line[1] if line and len(proposals) >= 2 else None
         base = self.propose[0] if self.propose[0] is not None else (line[0] if line else None)
         vline = _line([(m, t) for m, t in enumerate(self.verify) if t is not None])

@@ -377,6 +377,30 @@ def test_a_draft_step_measured_under_load_is_measured_again_however_long_it_last
     assert max(ks[resumed:]) == 4
 
 
+def test_a_long_round_timed_while_the_machine_stalled_does_not_price_drafting_out():
+    """One four-draft round timed thirty times too slow makes the draft step's line steep, and
+    rounds that short never time four drafts again; once that time is stale the line rests on the
+    fresher ones, so the next one-draft probe (the first, after ``refresh`` rounds) brings drafting
+    back at full length."""
+    from eesd_core.costs import STALE, CostTracker
+
+    tracker = CostTracker(4)
+    tracker.observe(1, 0.01, 0.1)
+    tracker.observe(0, 0.0, 0.1)
+    tracker.observe(4, 30 * 0.04, 0.1)  # the machine stalled during this round
+    run = started(alpha0=50, beta0=1)
+    run.controller.kinds_seen |= {0, 1, 4}
+    ks = []
+    for _ in range(600):
+        k = run_round(run, tracker.snapshot(), limit=4)
+        tracker.observe(k, 0.01 * k, 0.1)
+        ks.append(k)
+    resumed = next(i for i, k in enumerate(ks) if k)
+    assert resumed <= 32 + STALE
+    assert sum(k >= 1 for k in ks[resumed:]) >= 0.9 * len(ks[resumed:])
+    assert max(ks) == 4 and tracker.snapshot().draft_step == pytest.approx(0.01)
+
+
 def test_a_drafter_too_slow_to_ever_pay_is_probed_at_a_floor():
     """Where drafting truly never pays, probes grow rarer but never stop: one per ``LONGEST_WAIT``
     rounds at most, so that a decoder that lives long still measures again. ``refresh=None``
